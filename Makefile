@@ -1,0 +1,36 @@
+# Every target sets itself up on a fresh machine: virtualenv, packages, Delta jars (cached after the first run).
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export ONCEFLOW_HOME ?= $(CURDIR)/.onceflow
+
+.PHONY: setup demo test dev bench lint clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+setup: $(STAMP)
+	$(BIN)/onceflow setup
+
+demo: setup
+	$(BIN)/onceflow demo
+
+test: setup
+	$(BIN)/ruff check .
+	$(BIN)/pytest
+
+dev: setup
+	DAGSTER_HOME=$(ONCEFLOW_HOME)/dagster $(BIN)/onceflow dev
+
+bench: setup
+	$(BIN)/python -m bench.run
+
+lint: setup
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+clean:
+	rm -rf $(VENV) .onceflow

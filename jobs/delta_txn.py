@@ -1,0 +1,70 @@
+"""Idempotent Delta commits: each commit carries a SetTransaction `(app_id, version)`.
+
+Delta skips a write whose `(txnAppId, txnVersion)` the table has already seen, atomically with the commit, so a
+replayed batch is a no-op before any row is compared. For SQL commands (MERGE) the ids travel as session
+settings; they are set and cleared around exactly one command under a lock, so no two writers of this process
+ever share them. DataFrame appends pass them as writer options instead.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+
+_APP_ID = "spark.databricks.delta.write.txnAppId"
+_VERSION = "spark.databricks.delta.write.txnVersion"
+_USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+_lock = threading.Lock()
+
+
+@contextmanager
+def delta_transaction(spark: SparkSession, app_id: str, version: int, metadata: dict[str, Any]) -> Iterator[None]:
+    """Run one Delta SQL command inside the block as the idempotent transaction `(app_id, version)`."""
+    with _lock:
+        spark.conf.set(_APP_ID, app_id)
+        spark.conf.set(_VERSION, str(version))
+        spark.conf.set(_USER_METADATA, json.dumps(metadata, sort_keys=True))
+        try:
+            yield
+        finally:
+            for key in (_APP_ID, _VERSION, _USER_METADATA):
+                spark.conf.unset(key)
+
+
+def append_once(df: DataFrame, path: str, app_id: str, version: int, metadata: dict[str, Any]) -> None:
+    """Append `df` to the Delta table at `path` unless `(app_id, version)` was committed there already."""
+    (
+        df.write.format("delta")
+        .mode("append")
+        .option("txnAppId", app_id)
+        .option("txnVersion", version)
+        .option("userMetadata", json.dumps(metadata, sort_keys=True))
+        .save(path)
+    )
+
+
+def latest_version(spark: SparkSession, path: str) -> int:
+    return int(spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").collect()[0]["version"])
+
+
+def committed_metrics(spark: SparkSession, path: str, metadata: dict[str, Any], lookback: int = 1000) -> dict[str, str]:
+    """The operation metrics of the commit that carried `metadata` (an earlier attempt of the same batch).
+
+    A replayed batch writes nothing; its counts are those of the commit that did the work, so totals stay exact
+    however many attempts a batch took.
+    """
+    wanted = json.dumps(metadata, sort_keys=True)
+    rows = (
+        spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT {lookback}")
+        .filter(f"userMetadata = '{wanted}'")
+        .select("operationMetrics")
+        .collect()
+    )
+    if not rows:
+        raise RuntimeError(f"{path}: Delta skipped a transaction whose commit ({wanted}) is not in its history")
+    return dict(rows[0]["operationMetrics"])

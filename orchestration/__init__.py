@@ -1,0 +1,1 @@
+"""Dagster definitions, pipeline declarations, sensors and the `onceflow` command line."""

@@ -1,0 +1,76 @@
+"""The `onceflow` command line: set-up, the demo, the dev server, status and verification."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from resources.delta_jars import ensure_delta_jars
+from resources.lake import onceflow_home
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def cmd_setup(_: argparse.Namespace) -> int:
+    for jar in ensure_delta_jars():
+        print(f"delta jar: {jar}")
+    return 0
+
+
+def dagster_home() -> Path:
+    """`$DAGSTER_HOME`, default `<ONCEFLOW_HOME>/dagster`, with the project's `dagster.yaml` in it."""
+    home = Path(os.environ.get("DAGSTER_HOME") or Path(onceflow_home()) / "dagster")
+    home.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(PROJECT_ROOT / "dagster.yaml", home / "dagster.yaml")
+    return home
+
+
+def cmd_dev(args: argparse.Namespace) -> int:
+    from resources.pubsub_emulator import start_pubsub_emulator
+
+    env = {**os.environ, "DAGSTER_HOME": str(dagster_home())}
+    emulator = None
+    if "PUBSUB_EMULATOR_HOST" not in env and not args.no_emulator:
+        emulator = start_pubsub_emulator()
+        env["PUBSUB_EMULATOR_HOST"] = emulator.host
+        print(f"Pub/Sub emulator on {emulator.host}")
+    try:
+        return subprocess.call(
+            [sys.executable, "-m", "dagster", "dev", "-w", str(PROJECT_ROOT / "workspace.yaml"),
+             "-h", args.host, "-p", str(args.port)],
+            env=env,
+            cwd=PROJECT_ROOT,
+        )
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        if emulator is not None:
+            emulator.stop()
+
+
+def cmd_demo(_: argparse.Namespace) -> int:
+    from orchestration.demo import run_demo
+
+    return run_demo()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="onceflow", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("setup", help="fetch and cache the Delta jars").set_defaults(func=cmd_setup)
+    sub.add_parser("demo", help="the end-to-end exactly-once demo").set_defaults(func=cmd_demo)
+    dev = sub.add_parser("dev", help="Dagster UI and daemon with the persistent instance")
+    dev.add_argument("--host", default="127.0.0.1")
+    dev.add_argument("--port", type=int, default=3000)
+    dev.add_argument("--no-emulator", action="store_true", help="do not start a Pub/Sub emulator")
+    dev.set_defaults(func=cmd_dev)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""Where onceflow keeps its state: `$ONCEFLOW_HOME` (default `./.onceflow`), on local disk or `gs://`.
+
+Under it: `lake/` holds the Delta tables, `landing/` the immutable batch files, `checkpoints/` the source
+checkpoints and `commits/` the commit sequences.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import dagster as dg
+
+from resources.object_store import ObjectStore, open_store
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]*(/[a-z][a-z0-9_]*)*$")
+
+
+def onceflow_home() -> str:
+    """`$ONCEFLOW_HOME` as an absolute path (or a `gs://` URL), default `./.onceflow`."""
+    home = os.environ.get("ONCEFLOW_HOME", ".onceflow")
+    return home.rstrip("/") if "://" in home else str(Path(home).absolute())
+
+
+def checked_name(name: str) -> str:
+    """Table and source names come from pipeline declarations; refuse anything that could escape the root."""
+    if not _NAME.match(name):
+        raise ValueError(f"invalid name {name!r}: lowercase letters, digits, '_' and '/' separators only")
+    return name
+
+
+class LakeResource(dg.ConfigurableResource):
+    """Resolves Delta table paths and the landing area under one root."""
+
+    home: str
+
+    @classmethod
+    def from_env(cls) -> LakeResource:
+        return cls(home=onceflow_home())
+
+    def table_path(self, name: str) -> str:
+        """The Delta table `name` (for example `raw/events`) under `<home>/lake`."""
+        return f"{self.home}/lake/{checked_name(name)}"
+
+    def landing(self) -> ObjectStore:
+        return open_store(f"{self.home}/landing")
+
+    def checkpoints(self) -> ObjectStore:
+        return open_store(f"{self.home}/checkpoints")

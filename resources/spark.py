@@ -1,0 +1,81 @@
+"""The Spark session: local by default, a `spark://` cluster or a Spark Connect server when configured.
+
+Every session gets Delta's SQL extension and catalog, UTC as its time zone and settings that suit a small machine.
+"""
+
+from __future__ import annotations
+
+import os
+
+import dagster as dg
+from pydantic import Field
+from pyspark.sql import SparkSession
+
+from resources.delta_jars import ensure_delta_jars
+
+# Delta reconstructs table state with this many tasks; its default of 50 costs seconds per command on 2 cores.
+SMALL_MACHINE_CONF = {
+    "spark.sql.shuffle.partitions": "4",
+    "spark.databricks.delta.snapshotPartitions": "2",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.adaptive.enabled": "true",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.driver.extraJavaOptions": "-Dlog4j2.level=warn",
+}
+DELTA_CONF = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
+
+
+def build_spark_session(
+    master: str = "local[2]",
+    remote: str | None = None,
+    app_name: str = "onceflow",
+    ui_enabled: bool = False,
+    conf: dict[str, str] | None = None,
+) -> SparkSession:
+    """Create (or reuse) the process's Spark session.
+
+    With `remote` (`sc://host:port`) the session is a Spark Connect client of a server that already has Delta
+    configured; otherwise a classic session on `master` (`local[N]` or `spark://host:port`) is built with the cached
+    Delta jars.
+    """
+    if remote:
+        return SparkSession.builder.remote(remote).getOrCreate()
+    builder = SparkSession.builder.master(master).appName(app_name)
+    settings = {
+        **SMALL_MACHINE_CONF,
+        **DELTA_CONF,
+        "spark.jars": ",".join(str(jar) for jar in ensure_delta_jars()),
+        "spark.ui.enabled": str(ui_enabled).lower(),
+        **(conf or {}),
+    }
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("WARN")
+    return session
+
+
+class SparkResource(dg.ConfigurableResource):
+    """Hands out the Spark session that ops and assets run their Spark work on."""
+
+    master: str = Field(default="local[2]", description="Spark master: local[N] or spark://host:port.")
+    remote: str | None = Field(default=None, description="Spark Connect URL (sc://host:port); overrides master.")
+    app_name: str = "onceflow"
+    ui_enabled: bool = False
+    conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark settings.")
+
+    @classmethod
+    def from_env(cls) -> SparkResource:
+        """Settings from `ONCEFLOW_SPARK_MASTER`, `ONCEFLOW_SPARK_REMOTE` and `ONCEFLOW_SPARK_UI`."""
+        return cls(
+            master=os.environ.get("ONCEFLOW_SPARK_MASTER", "local[2]"),
+            remote=os.environ.get("ONCEFLOW_SPARK_REMOTE") or None,
+            ui_enabled=os.environ.get("ONCEFLOW_SPARK_UI", "false").lower() == "true",
+        )
+
+    def get_session(self) -> SparkSession:
+        return build_spark_session(self.master, self.remote, self.app_name, self.ui_enabled, self.conf)
