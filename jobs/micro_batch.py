@@ -16,7 +16,7 @@ from pyspark.sql import DataFrame, SparkSession
 from jobs.ingest import IngestResult, ingest_batch
 from jobs.land import land_pubsub_batch, plan_file_batch, read_file_batch
 from jobs.pipeline import FileSourceSpec, Pipeline
-from resources.checkpoint import BatchPlan, CheckpointStore
+from resources.checkpoint import BatchPlan, CheckpointStore, SourceCheckpoint
 from resources.faults import crash_point
 from resources.files import FileSource
 from resources.lake import LakeResource
@@ -66,6 +66,12 @@ def run_micro_batch(
     crash_point("ingest.after_merge")
     advance_checkpoint(handles.checkpoints, plan, result)
     return result
+
+
+def source_watermark_ms(checkpoint: SourceCheckpoint) -> int | None:
+    """The source's event-time watermark as of its last checkpoint, None before any."""
+    value = checkpoint.watermark.get("watermark_ms")
+    return None if value is None else int(value)
 
 
 def next_plan(pipeline: Pipeline, handles: SourceHandles) -> BatchPlan | None:

@@ -64,6 +64,7 @@ class Pipeline:
 
     name: str
     source: SourceSpec
+    window_asset: str = ""
     window_s: int = 60
     allowed_lateness_s: int = 30
     late_policy: LatePolicy = "drop"
@@ -76,6 +77,12 @@ class Pipeline:
         """Names the source in checkpoints and is the Delta `txnAppId` of its commits."""
         return f"{self.name}/{self.source.kind}"
 
+    def __post_init__(self) -> None:
+        if not self.window_asset:
+            object.__setattr__(self, "window_asset", f"{self.name}_counts")
+        if self.window_s % 60 or 3600 % self.window_s:
+            raise ValueError(f"window_s={self.window_s}: windows are whole minutes that divide an hour")
+
     @property
     def raw_table(self) -> str:
         return f"raw/{self.name}"
@@ -83,3 +90,7 @@ class Pipeline:
     @property
     def dead_letter_table(self) -> str:
         return f"dead_letter/{self.name}"
+
+    @property
+    def windows_table(self) -> str:
+        return f"windows/{self.window_asset}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dagster as dg
 
+from assets.windows import build_window_asset
 from jobs.ingest_job import build_ingest_job, raw_asset_key
 from orchestration.pipelines import PIPELINES
 from orchestration.resources import resources_from_env
@@ -19,7 +20,8 @@ def build_definitions() -> dg.Definitions:
                 kinds={"delta", "spark"},
             )
             for p in PIPELINES
-        ],
+        ]
+        + [build_window_asset(p) for p in PIPELINES],
         jobs=[build_ingest_job(p) for p in PIPELINES],
         resources=resources_from_env(),
     )

@@ -29,6 +29,7 @@ from resources.pubsub_emulator import start_pubsub_emulator
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 START_MS = 1_763_719_200_000  # 2025-11-21T10:00:00Z
+QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 
 
 def say(message: str) -> None:
@@ -97,7 +98,7 @@ def _run(workdir: Path) -> int:
     instance = dg.DagsterInstance.get()
     batches = []
     while True:
-        result = job.execute_in_process(instance=instance)
+        result = job.execute_in_process(instance=instance, run_config=QUIET)
         materializations = result.asset_materializations_for_node("micro_batch_events")
         if not materializations:
             break
@@ -129,8 +130,10 @@ def _run(workdir: Path) -> int:
     print(f"  duplicates                {totals['duplicates']}")
     print(f"  dead-lettered             {totals['dead_lettered']}  {dict(sorted(dead.items()))}")
     print(f"  raw rows                  {len(rows)} (expected {len(expected_rows)})")
-    per_key = Counter(k for _, _, k, _ in rows)
-    print("  per key (count)           " + ", ".join(f"{k}={n}" for k, n in sorted(per_key.items())))
+    print("\n  raw/events per key         count        sum(value)")
+    for key in sorted({k for _, _, k, _ in rows}):
+        values = [v for _, _, k, v in rows if k == key]
+        print(f"    {key:<24}{len(values):>7}{sum(values):>18}")
     checks = {
         "received = inserted + duplicates + dead-lettered": totals["received"]
         == totals["inserted"] + totals["duplicates"] + totals["dead_lettered"],

@@ -39,6 +39,7 @@ def events_pipeline() -> Pipeline:
     return Pipeline(
         name="events",
         source=events_source(),
+        window_asset="event_counts",
         window_s=int(_env("WINDOW_S", "60")),
         allowed_lateness_s=int(_env("ALLOWED_LATENESS_S", "30")),
         late_policy=_env("LATE_POLICY", "drop"),  # type: ignore[arg-type]

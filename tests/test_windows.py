@@ -1,0 +1,147 @@
+"""Windowed outputs: final panes from a pinned raw version, late data (drop and refire), idempotent recomputes."""
+
+from __future__ import annotations
+
+import json
+import time
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from jobs.micro_batch import source_handles
+from jobs.pipeline import FileSourceSpec, Pipeline
+from jobs.windows import CloseStore, Window, materialize_window
+from orchestration.workload import Event
+from resources.lake import LakeResource
+from tests.delta_reader import read_rows
+from tests.pipelines import drain
+
+WINDOW_ROWS = ["window_start", "key", "count", "sum_value", "pane", "timing"]
+LATENESS_MS = 30_000
+
+
+def minute_base() -> int:
+    """A window-aligned start two hours ago, so the windows fall inside the asset's partitions."""
+    now = int(time.time() * 1000)
+    return (now - 2 * 3600_000) // 60_000 * 60_000
+
+
+def write_events(path: Path, events: list[Event]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(e.json_line() + "\n" for e in events))
+
+
+def five_window_workload(base: int) -> tuple[list[Event], list[Event], list[Event]]:
+    """On-time events in windows 0..4, late ones for windows 0 and 1, and later on-time ones for 3 and 4."""
+    on_time = [Event(f"on{w}-{i}", base + w * 60_000 + i * 997, f"k{i % 3}", w * 10 + i) for w in range(5) for i in range(12)]
+    late = [Event(f"late{w}-{i}", base + w * 60_000 + 5_000 + i, f"k{i % 2}", 1000 + i) for w in (0, 1) for i in range(4)]
+    more = [Event(f"more{w}-{i}", base + w * 60_000 + 40_000 + i, "k9", 7) for w in (3, 4) for i in range(3)]
+    return on_time, late, more
+
+
+def expected_rows(base: int, events: list[Event], windows: range, pane: int, timing: str) -> list[tuple]:
+    from datetime import UTC, datetime
+
+    groups: dict[tuple[int, str], list[int]] = {}
+    for e in events:
+        w = (e.event_time_ms - base) // 60_000
+        if w in windows:
+            groups.setdefault((w, e.key), []).append(e.value)
+    return sorted(
+        (
+            datetime.fromtimestamp((base + w * 60_000) / 1000, UTC),
+            key,
+            len(values),
+            Decimal(sum(values)).quantize(Decimal("1.000000000")),
+            pane,
+            timing,
+        )
+        for (w, key), values in groups.items()
+    )
+
+
+def file_pipeline(directory: Path, late_policy: str = "drop") -> Pipeline:
+    return Pipeline(
+        name="events",
+        window_asset="event_counts",
+        source=FileSourceSpec(directory=str(directory), id_field="event_id", timestamp_field="event_time"),
+        late_policy=late_policy,  # type: ignore[arg-type]
+    )
+
+
+@pytest.mark.parametrize("late_policy", ["drop", "refire"])
+def test_final_windows_count_on_time_events_and_late_ones_are_accounted(
+    spark: SparkSession, tmp_path: Path, home: Path, late_policy: str
+) -> None:
+    base = minute_base()
+    on_time, late, more = five_window_workload(base)
+    pipeline = file_pipeline(tmp_path / "in", late_policy)
+    lake = LakeResource(home=str(home))
+    handles = source_handles(pipeline, lake, None)
+    closes = CloseStore(lake.checkpoints(), pipeline.window_asset)
+    windows = [Window(base + w * 60_000, base + (w + 1) * 60_000) for w in range(5)]
+    windows_path = lake.table_path(pipeline.windows_table)
+
+    def materialize(ws: list[Window], watermark_ms: int) -> list:
+        return [materialize_window(spark, pipeline, w, watermark_ms, closes, handles.raw_path, windows_path) for w in ws]
+
+    write_events(tmp_path / "in" / "1.jsonl", on_time)
+    drain(lambda: spark, pipeline, handles)
+    first = materialize(windows[:3], windows[2].end_ms + LATENESS_MS)  # windows 0-2 close
+    early = materialize(windows[3:], windows[2].end_ms + LATENESS_MS)  # 3-4 still open: early panes
+    assert [(r.pane, r.timing, r.closed) for r in first + early] == [(1, "on_time", True)] * 3 + [(0, "early", False)] * 2
+
+    write_events(tmp_path / "in" / "2.jsonl", late + more)
+    drain(lambda: spark, pipeline, handles)
+    final = materialize(windows, windows[4].end_ms + LATENESS_MS)
+
+    table = read_rows(windows_path, WINDOW_ROWS)
+    if late_policy == "drop":
+        assert [r.late for r in final] == [4, 4, 0, 0, 0]
+        assert [(r.pane, r.timing) for r in final] == [(1, "on_time")] * 5
+        assert table == sorted(
+            expected_rows(base, on_time, range(3), 1, "on_time")
+            + expected_rows(base, on_time + more, range(3, 5), 1, "on_time")
+        )
+    else:
+        assert [(r.pane, r.timing) for r in final] == [(2, "late"), (2, "late"), (1, "on_time"), (1, "on_time"), (1, "on_time")]
+        assert [r.late for r in final] == [0, 0, 0, 0, 0]
+        assert table == sorted(
+            expected_rows(base, on_time + late, range(2), 2, "late")
+            + expected_rows(base, on_time, range(2, 3), 1, "on_time")
+            + expected_rows(base, on_time + more, range(3, 5), 1, "on_time")
+        )
+    # The raw table keeps every record, late ones included.
+    assert len(read_rows(handles.raw_path, ["record_id"])) == len(on_time) + len(late) + len(more)
+
+    # Recomputing (a retry, a backfill) changes nothing, row for row.
+    full = read_rows(windows_path, [*WINDOW_ROWS, "window_end", "raw_version"])
+    materialize(windows, windows[4].end_ms + LATENESS_MS)
+    assert read_rows(windows_path, [*WINDOW_ROWS, "window_end", "raw_version"]) == full
+
+
+def test_a_stale_early_pane_never_overwrites_the_final_pane(spark: SparkSession, tmp_path: Path, home: Path) -> None:
+    base = minute_base()
+    on_time, _, _ = five_window_workload(base)
+    pipeline = file_pipeline(tmp_path / "in")
+    lake = LakeResource(home=str(home))
+    handles = source_handles(pipeline, lake, None)
+    windows_path = lake.table_path(pipeline.windows_table)
+    window = Window(base, base + 60_000)
+    write_events(tmp_path / "in" / "1.jsonl", on_time)
+    drain(lambda: spark, pipeline, handles)
+    closes = CloseStore(lake.checkpoints(), pipeline.window_asset)
+    materialize_window(spark, pipeline, window, window.end_ms + LATENESS_MS, closes, handles.raw_path, windows_path)
+    final = read_rows(windows_path, WINDOW_ROWS)
+
+    # An early-pane run that started before the close and finishes after it.
+    empty = CloseStore(lake.landing(), "nothing-closed-here")
+    materialize_window(spark, pipeline, window, None, empty, handles.raw_path, windows_path)
+
+    assert read_rows(windows_path, WINDOW_ROWS) == final
+    assert {r[-2:] for r in final} == {(1, "on_time")}
+    assert json.loads((home / "checkpoints" / "event_counts" / "closes" / f"{base:015d}" / "pane-0001.json").read_text())[
+        "raw_version"
+    ] >= 1
