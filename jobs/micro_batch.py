@@ -7,15 +7,22 @@ deduplicated against the raw table.
 
 from __future__ import annotations
 
+import io
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 
 from jobs.ingest import IngestResult, ingest_batch
 from jobs.land import land_pubsub_batch, plan_file_batch, read_file_batch
-from jobs.pipeline import FileSourceSpec, Pipeline
+from jobs.pipeline import FileSourceSpec, Pipeline, PubSubSourceSpec
+from jobs.tracking import TrackingDrainer
+from jobs.watermark import CloudMonitoringBacklogProbe, EmulatorBacklogProbe, FileWatermark, PubSubWatermark
 from resources.checkpoint import BatchPlan, CheckpointStore, SourceCheckpoint
 from resources.faults import crash_point
 from resources.files import FileSource
@@ -54,18 +61,64 @@ def run_micro_batch(
 ) -> IngestResult | None:
     """Land and ingest the next batch of the pipeline's source; None when the source has no new data.
 
-    Spark is asked for only once there is a batch, so an idle poll costs no session start-up.
+    Either way the source's watermark is brought up to date and persisted with the checkpoint (an idle source's
+    watermark advances too). Spark is asked for only once there is a batch, so an idle poll costs no Spark work.
     """
+    checkpoint = handles.checkpoints.load()
+    watermark = watermark_estimator(pipeline, handles).from_state(checkpoint.watermark)
+    if isinstance(watermark, PubSubWatermark):
+        assert handles.pubsub is not None and isinstance(pipeline.source, PubSubSourceSpec)
+        drained = TrackingDrainer.for_source(handles.pubsub, pipeline.source).drain(_now_ms())
+        watermark.observe(drained.samples, drained.tracked_through_ms)
     plan = next_plan(pipeline, handles)
     if plan is None:
+        watermark.current(_now_ms())
+        checkpoint.watermark = watermark.to_state()
+        handles.checkpoints.save(checkpoint)
         return None
     spark = get_spark()
     result = ingest_batch(
         spark, pipeline, plan, landed_frame(spark, plan, handles), handles.raw_path, handles.dead_letter_path
     )
     crash_point("ingest.after_merge")
-    advance_checkpoint(handles.checkpoints, plan, result)
+    if isinstance(watermark, PubSubWatermark):
+        watermark.committed(landed_messages(plan, handles.landing))
+    else:
+        watermark.observe(result.max_event_time_ms, _now_ms())
+    watermark.current(_now_ms())
+    advance_checkpoint(handles.checkpoints, plan, result, watermark.to_state())
     return result
+
+
+def watermark_estimator(pipeline: Pipeline, handles: SourceHandles) -> PubSubWatermark | FileWatermark:
+    """The source's estimator: files by out-of-orderness bound; Pub/Sub by Dataflow's tracking heuristic.
+
+    The Pub/Sub base subscription's backlog comes from Cloud Monitoring on GCP; the emulator has no such metric,
+    so there it is estimated from what onceflow itself has committed.
+    """
+    spec = pipeline.source
+    if isinstance(spec, FileSourceSpec):
+        return FileWatermark.for_source(spec)
+    assert handles.pubsub is not None
+    if os.environ.get("PUBSUB_EMULATOR_HOST"):
+        probe: EmulatorBacklogProbe | CloudMonitoringBacklogProbe = EmulatorBacklogProbe()
+    else:
+        probe = CloudMonitoringBacklogProbe(handles.pubsub.project, spec.subscription)
+    return PubSubWatermark.from_settings(probe)
+
+
+def landed_messages(plan: BatchPlan, landing: ObjectStore) -> list[tuple[str, int]]:
+    """(message id, publish time) of every message in a landed Pub/Sub batch."""
+    assert plan.landing_key is not None
+    data = landing.read(plan.landing_key)
+    assert data is not None
+    table = pq.read_table(io.BytesIO(data), columns=["source_position", "publish_time"])
+    times = table.column("publish_time").cast(pa.int64()).to_pylist()
+    return list(zip(table.column("source_position").to_pylist(), times, strict=True))
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 def source_watermark_ms(checkpoint: SourceCheckpoint) -> int | None:
@@ -90,11 +143,14 @@ def landed_frame(spark: SparkSession, plan: BatchPlan, handles: SourceHandles) -
     return spark.read.parquet(handles.landing.url(plan.landing_key))
 
 
-def advance_checkpoint(checkpoints: CheckpointStore, plan: BatchPlan, result: IngestResult) -> None:
+def advance_checkpoint(
+    checkpoints: CheckpointStore, plan: BatchPlan, result: IngestResult, watermark: dict[str, Any]
+) -> None:
     checkpoint = checkpoints.load()
     if checkpoint.committed_batch >= plan.batch_id:
         return  # a concurrent attempt advanced it already
     checkpoint.committed_batch = plan.batch_id
+    checkpoint.watermark = watermark
     if result.max_event_time_ms is not None:
         checkpoint.max_event_time_ms = max(checkpoint.max_event_time_ms or 0, result.max_event_time_ms)
     checkpoint.taken_files.update({f.path: f for f in plan.files})

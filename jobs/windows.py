@@ -150,10 +150,13 @@ def materialize_window(
     if close is None and closed:
         close = closes.close(window, _new_close(spark, raw_path, window, 1, ON_TIME, latest, watermark_ms))
         crash_point("window.after_close")
-    elif close is not None and pipeline.late_policy == "refire":
-        if raw_rows_in_window(spark, raw_path, window, latest, after_batch=close.max_batch_id) > 0:
-            close = closes.close(window, _new_close(spark, raw_path, window, close.pane + 1, LATE, latest, watermark_ms))
-            crash_point("window.after_close")
+    elif (
+        close is not None
+        and pipeline.late_policy == "refire"
+        and raw_rows_in_window(spark, raw_path, window, latest, after_batch=close.max_batch_id) > 0
+    ):
+        close = closes.close(window, _new_close(spark, raw_path, window, close.pane + 1, LATE, latest, watermark_ms))
+        crash_point("window.after_close")
 
     if close is None:
         pane, timing, version = 0, EARLY, latest

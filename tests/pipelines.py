@@ -61,26 +61,35 @@ def drain(get_spark, pipeline: Pipeline, handles: SourceHandles, redelivery_wait
         waited = True
 
 
-def dagster_micro_batch(home: str, crash_at: str | None, **settings: str) -> subprocess.CompletedProcess[str]:
-    """Run `dagster job execute -j ingest_events` in its own process, as an operator would.
+def dagster_cli(args: list[str], home: str, crash_at: str | None, **settings: str) -> subprocess.CompletedProcess[str]:
+    """Run a `dagster` command in its own process against a fresh instance, as an operator would.
 
     `settings` become `ONCEFLOW_<NAME>` variables (`pubsub_project="p"` sets `ONCEFLOW_PUBSUB_PROJECT`).
     """
-    env = {
-        **os.environ,
-        "ONCEFLOW_HOME": home,
-        **{f"ONCEFLOW_{k.upper()}": v for k, v in settings.items()},
-    }
+    env = {**os.environ, "ONCEFLOW_HOME": home, **{f"ONCEFLOW_{k.upper()}": v for k, v in settings.items()}}
     env.pop("ONCEFLOW_CRASH_AT", None)
     if crash_at:
         env["ONCEFLOW_CRASH_AT"] = crash_at
     with tempfile.TemporaryDirectory() as dagster_home:
         env["DAGSTER_HOME"] = dagster_home
         return subprocess.run(
-            [sys.executable, "-m", "dagster", "job", "execute", "-m", "orchestration.definitions",
-             "-j", "ingest_events"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
+            [sys.executable, "-m", "dagster", *args], env=env, capture_output=True, text=True, timeout=300
         )
+
+
+def dagster_micro_batch(home: str, crash_at: str | None, **settings: str) -> subprocess.CompletedProcess[str]:
+    """`dagster job execute -j ingest_events`."""
+    return dagster_cli(["job", "execute", "-m", "orchestration.definitions", "-j", "ingest_events"], home, crash_at, **settings)
+
+
+def dagster_materialize(
+    home: str, partition: str, crash_at: str | None = None, **settings: str
+) -> subprocess.CompletedProcess[str]:
+    """`dagster asset materialize --select event_counts --partition K` (or `--partition-range A...B`)."""
+    flag = "--partition-range" if "..." in partition else "--partition"
+    return dagster_cli(
+        ["asset", "materialize", "-m", "orchestration.definitions", "--select", "event_counts", flag, partition],
+        home,
+        crash_at,
+        **settings,
+    )

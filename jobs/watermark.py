@@ -1,0 +1,580 @@
+"""Event-time watermarks of onceflow's sources: heuristic, monotonic, persisted with the source checkpoint.
+
+A watermark `W` (epoch milliseconds) is the platform's claim that every record still to come has an event time at
+or after `W`; a window `[start, end)` closes when `W` passes `end + allowed_lateness`, and a record that arrives
+after that is late (kept in the raw table, counted, never lost). Every estimator here is
+
+- monotonic: `current` never returns less than it returned before, also across `to_state` / `from_state`;
+- clock-free: every method that needs the time takes `now_ms`, so tests drive it with exact values;
+- persistent: `to_state()` is a JSON-serialisable dict for `SourceCheckpoint.watermark`; its key `watermark_ms`
+  is the last watermark returned (None before any data), readable without the estimator.
+
+`PubSubWatermark` is Dataflow's heuristic for Pub/Sub; `FileWatermark` is the bounded-out-of-orderness rule for
+file sources. The Pub/Sub estimator needs the base subscription's oldest unacknowledged publish time from a
+`BacklogProbe`: `CloudMonitoringBacklogProbe` on GCP, `EmulatorBacklogProbe` where there is no backlog metric.
+
+Wiring, once per micro-batch of a Pub/Sub source (`jobs.tracking` drains the tracking subscription):
+
+    watermark = PubSubWatermark.from_settings(EmulatorBacklogProbe()).from_state(checkpoint.watermark)
+    drain = TrackingDrainer.for_source(client, spec).drain(now_ms)      # before the base subscription is pulled
+    watermark.observe(drain.samples, drain.tracked_through_ms)
+    ...land and ingest the batch...
+    watermark.committed(zip(message_ids, publish_times_ms))            # the batch just committed
+    watermark.current(now_ms)
+    checkpoint.watermark = watermark.to_state()                        # saved with the checkpoint
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, Self, runtime_checkable
+
+from jobs.pipeline import FileSourceSpec
+
+DEFAULT_BAND_MS = 10_000
+DEFAULT_IDLE_TIMEOUT_MS = 120_000
+DEFAULT_BUCKET_MS = 1_000
+BAND_ENV = "ONCEFLOW_WATERMARK_BAND_S"
+IDLE_ENV = "ONCEFLOW_WATERMARK_IDLE_S"
+
+MessageKey = tuple[str, int]
+"""A Pub/Sub message as both subscriptions of a topic see it: `(message_id, publish_time_ms)`."""
+
+
+@dataclass(frozen=True)
+class TrackingSample:
+    """One message seen on a tracking subscription: its id, its publish time and its event time (epoch ms).
+
+    `message_id` and `publish_time_ms` are those the base subscription sees for the same published message.
+    """
+
+    message_id: str
+    publish_time_ms: int
+    event_time_ms: int
+
+
+@dataclass(frozen=True)
+class WatermarkSettings:
+    """The watermark knobs shared by all sources: the Pub/Sub band and the idle timeout, in milliseconds."""
+
+    band_ms: int = DEFAULT_BAND_MS
+    idle_timeout_ms: int = DEFAULT_IDLE_TIMEOUT_MS
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> WatermarkSettings:
+        """Read `ONCEFLOW_WATERMARK_BAND_S` and `ONCEFLOW_WATERMARK_IDLE_S` (seconds, fractions allowed).
+
+        Unset or empty variables keep the defaults (10 s band, 120 s idle timeout). A value that is not a number,
+        a negative band or a non-positive idle timeout raises `ValueError` naming the variable.
+        """
+        env = os.environ if environ is None else environ
+        return cls(
+            band_ms=_env_ms(env, BAND_ENV, DEFAULT_BAND_MS, allow_zero=True),
+            idle_timeout_ms=_env_ms(env, IDLE_ENV, DEFAULT_IDLE_TIMEOUT_MS, allow_zero=False),
+        )
+
+
+def _env_ms(env: Mapping[str, str], name: str, default_ms: int, allow_zero: bool) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default_ms
+    try:
+        seconds = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
+    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
+        raise ValueError(f"{name}={raw!r} must be {'>= 0' if allow_zero else '> 0'} seconds")
+    return round(seconds * 1000)
+
+
+@runtime_checkable
+class WatermarkEstimator(Protocol):
+    """What every source's watermark offers the platform."""
+
+    def current(self, now_ms: int) -> int | None:
+        """The event-time watermark at `now_ms` in epoch ms, None before any data; never less than before."""
+        ...
+
+    def to_state(self) -> dict[str, Any]:
+        """JSON-serialisable state for `SourceCheckpoint.watermark`; `state["watermark_ms"]` is the watermark."""
+        ...
+
+    def from_state(self, state: Mapping[str, Any]) -> Self:
+        """Restore a state written by `to_state` (an empty mapping changes nothing) and return this estimator."""
+        ...
+
+
+@runtime_checkable
+class BacklogProbe(Protocol):
+    """Where the base (main) subscription's oldest unacknowledged publish time comes from.
+
+    `PubSubWatermark` forwards what it learns to its probe: every tracked sample (`tracked`) and every message the
+    pipeline committed (`committed`); a probe that reads the backlog from elsewhere ignores both.
+    """
+
+    def oldest_unacked_ms(self, now_ms: int) -> int | None:
+        """The oldest publish time still waiting in the base subscription, None when it has no backlog."""
+        ...
+
+    def tracked(self, samples: Sequence[TrackingSample], tracked_through_ms: int | None) -> None:
+        """Messages just seen on the tracking subscription, which has seen all published before `tracked_through_ms`."""
+        ...
+
+    def committed(self, messages: Iterable[MessageKey]) -> None:
+        """Messages of the base subscription that are now committed to the raw table."""
+        ...
+
+    def to_state(self) -> dict[str, Any]: ...
+
+    def from_state(self, state: Mapping[str, Any]) -> Self: ...
+
+
+class EmulatorBacklogProbe:
+    """The base subscription's backlog as onceflow itself saw it, for the Pub/Sub emulator (which has no metrics).
+
+    A message is pending from the moment the tracking subscription shows it until the pipeline reports it
+    committed; the oldest unacked publish time is the oldest pending publish time. Messages are keyed by
+    `(message_id, publish_time_ms)`, which both subscriptions share: the emulator restarts message ids at 1 when it
+    restarts, and the publish time keeps a new message "1" apart from an old one. A message the pipeline commits
+    before the tracking subscription shows it is remembered until it does, or until the tracking subscription has
+    moved `expire_after_ms` past its publish time (it will not show up any more).
+
+    State stays bounded:
+
+    - at most `max_pending` messages are kept by key; beyond that, newer pending messages are only counted per
+      publish-time bucket (`bucket_ms`), and a commit that matches no key decrements its bucket. In that mode a
+      message delivered twice to the base subscription can be counted off twice, so the backlog may look younger
+      than it is until the pile shrinks under `max_pending`;
+    - a pending message expires once the pipeline has committed messages published `expire_after_ms` after it.
+      This drops messages that will never be committed: those lost when the emulator restarted, and the rare
+      tracking-subscription redelivery of a message already committed. An expired message that does arrive later
+      is still ingested but may be late. Until the pipeline commits newer messages (for instance right after an
+      emulator restart, with nothing published since), such an entry holds the watermark back.
+    """
+
+    def __init__(
+        self, *, max_pending: int = 20_000, expire_after_ms: int = 600_000, bucket_ms: int = DEFAULT_BUCKET_MS
+    ) -> None:
+        if max_pending < 1 or expire_after_ms < 0 or bucket_ms < 1:
+            raise ValueError("max_pending and bucket_ms must be positive and expire_after_ms not negative")
+        self.max_pending = max_pending
+        self.expire_after_ms = expire_after_ms
+        self.bucket_ms = bucket_ms
+        self._pending: set[MessageKey] = set()
+        self._overflow: dict[int, int] = {}
+        self._early: set[MessageKey] = set()
+        self._committed_through_ms: int | None = None
+
+    @property
+    def pending_count(self) -> int:
+        """How many tracked messages are still waiting to be committed (kept by key or only counted)."""
+        return len(self._pending) + sum(self._overflow.values())
+
+    def oldest_unacked_ms(self, now_ms: int) -> int | None:
+        """The oldest publish time among pending messages, None when there are none (`now_ms` is not needed)."""
+        oldest = min((publish for _, publish in self._pending), default=None)
+        if self._overflow:
+            bucket = min(self._overflow)
+            oldest = bucket if oldest is None else min(oldest, bucket)
+        return oldest
+
+    def tracked(self, samples: Sequence[TrackingSample], tracked_through_ms: int | None) -> None:
+        """Make every sample pending unless the pipeline already committed it."""
+        for sample in samples:
+            key = (sample.message_id, sample.publish_time_ms)
+            if key in self._early:
+                self._early.discard(key)
+            elif key not in self._pending:
+                if len(self._pending) < self.max_pending:
+                    self._pending.add(key)
+                else:
+                    bucket = _floor(sample.publish_time_ms, self.bucket_ms)
+                    self._overflow[bucket] = self._overflow.get(bucket, 0) + 1
+        if tracked_through_ms is not None:
+            # The tracking subscription has shown everything published before `tracked_through_ms`: an early
+            # commit it has not matched well after that was never on it (the margin covers a message whose
+            # publish call was still completing when the drain began).
+            cutoff = tracked_through_ms - self.expire_after_ms
+            self._early = {key for key in self._early if key[1] >= cutoff}
+
+    def committed(self, messages: Iterable[MessageKey]) -> None:
+        """Take committed messages out of the backlog; unknown ones wait for the tracking subscription."""
+        for message_id, publish_time_ms in messages:
+            key = (message_id, publish_time_ms)
+            if self._committed_through_ms is None or publish_time_ms > self._committed_through_ms:
+                self._committed_through_ms = publish_time_ms
+            if key in self._pending:
+                self._pending.discard(key)
+                continue
+            bucket = _floor(publish_time_ms, self.bucket_ms)
+            if self._overflow.get(bucket, 0) > 0:
+                self._overflow[bucket] -= 1
+                if not self._overflow[bucket]:
+                    del self._overflow[bucket]
+            else:
+                self._early.add(key)
+        if len(self._early) > self.max_pending:
+            # Forgetting an early commit only holds the watermark back (until expiry), never pushes it too far.
+            self._early = set(sorted(self._early, key=lambda k: k[1])[-self.max_pending :])
+        self._expire()
+
+    def _expire(self) -> None:
+        if self._committed_through_ms is None:
+            return
+        cutoff = self._committed_through_ms - self.expire_after_ms
+        self._pending = {key for key in self._pending if key[1] > cutoff}
+        self._overflow = {b: n for b, n in self._overflow.items() if b + self.bucket_ms - 1 > cutoff}
+
+    def to_state(self) -> dict[str, Any]:
+        return {
+            "kind": "emulator_backlog",
+            "pending": sorted([list(key) for key in self._pending], key=lambda k: (k[1], k[0])),
+            "overflow": sorted([b, n] for b, n in self._overflow.items()),
+            "early": sorted([list(key) for key in self._early], key=lambda k: (k[1], k[0])),
+            "committed_through_ms": self._committed_through_ms,
+        }
+
+    def from_state(self, state: Mapping[str, Any]) -> Self:
+        """Replace this probe's backlog with a persisted one (an empty mapping changes nothing)."""
+        if not state:
+            return self
+        _check_kind(state, "emulator_backlog")
+        self._pending = {(str(i), int(p)) for i, p in state.get("pending", ())}
+        self._overflow = {int(b): int(n) for b, n in state.get("overflow", ())}
+        self._early = {(str(i), int(p)) for i, p in state.get("early", ())}
+        through = state.get("committed_through_ms")
+        self._committed_through_ms = None if through is None else int(through)
+        return self
+
+
+class CloudMonitoringBacklogProbe:
+    """The base subscription's backlog on GCP, from Cloud Monitoring's
+    `pubsub.googleapis.com/subscription/oldest_unacked_message_age` (seconds, sampled every 60 s).
+
+    The oldest unacked publish time is the newest sample's time minus its age; an age of 0 means no backlog. The
+    metric arrives minutes late, so the answer can be that old: a backlog that cleared since looks older (the
+    watermark waits), one that appeared since is not seen yet (the tracking range still bounds the watermark).
+    When the query returns no sample the last answer is kept; before any answer there is no backlog.
+
+    Needs `google-cloud-monitoring`, which onceflow does not depend on: it is imported when the first query is
+    made, unless a `client` (a `monitoring_v3.MetricServiceClient` or anything with its `list_time_series`) is
+    given. Not exercised against GCP by onceflow's tests, which have neither GCP nor that package; a unit test
+    drives it with a stand-in client. The probe keeps no state worth persisting: `tracked` and `committed` do
+    nothing and `to_state` is just its kind.
+    """
+
+    METRIC = "pubsub.googleapis.com/subscription/oldest_unacked_message_age"
+
+    def __init__(
+        self, project: str, subscription: str, *, lookback_ms: int = 600_000, client: Any = None
+    ) -> None:
+        self.project = project
+        self.subscription = subscription
+        self.lookback_ms = lookback_ms
+        self._client = client
+        self._last: int | None = None
+
+    def query_filter(self) -> str:
+        """The Cloud Monitoring filter selecting this subscription's metric."""
+        return (
+            f'metric.type = "{self.METRIC}" AND resource.type = "pubsub_subscription" '
+            f'AND resource.labels.subscription_id = "{self.subscription}"'
+        )
+
+    def oldest_unacked_ms(self, now_ms: int) -> int | None:
+        """Query the metric over `[now_ms - lookback_ms, now_ms]` and return the newest sample's reading."""
+        if self._client is None:
+            from google.cloud import monitoring_v3  # optional dependency, only needed on GCP
+
+            self._client = monitoring_v3.MetricServiceClient()
+        start_ms = now_ms - self.lookback_ms
+        series = self._client.list_time_series(
+            request={
+                "name": f"projects/{self.project}",
+                "filter": self.query_filter(),
+                "interval": {
+                    "start_time": {"seconds": start_ms // 1000, "nanos": start_ms % 1000 * 1_000_000},
+                    "end_time": {"seconds": now_ms // 1000, "nanos": now_ms % 1000 * 1_000_000},
+                },
+            }
+        )
+        newest: tuple[int, int] | None = None
+        for one in series:
+            for point in one.points:
+                at_ms = round(point.interval.end_time.timestamp() * 1000)
+                if newest is None or at_ms > newest[0]:
+                    newest = (at_ms, int(point.value.int64_value))
+        if newest is None:
+            return self._last
+        at_ms, age_s = newest
+        self._last = None if age_s <= 0 else at_ms - age_s * 1000
+        return self._last
+
+    def tracked(self, samples: Sequence[TrackingSample], tracked_through_ms: int | None) -> None:
+        return None
+
+    def committed(self, messages: Iterable[MessageKey]) -> None:
+        return None
+
+    def to_state(self) -> dict[str, Any]:
+        return {"kind": "cloud_monitoring_backlog"}
+
+    def from_state(self, state: Mapping[str, Any]) -> Self:
+        if state:
+            _check_kind(state, "cloud_monitoring_backlog")
+        return self
+
+
+class PubSubWatermark:
+    """Dataflow's watermark heuristic for a Pub/Sub source, fed by a metadata-only tracking subscription.
+
+    The tracking subscription is drained continuously and acked at once; each message becomes a `TrackingSample`
+    in a sparse histogram: per `bucket_ms` of publish time, the minimum event time. Let
+
+    - `T` = the tracking subscription's oldest unacked publish time: after a drain that emptied it, the time the
+      drain started (`observe(..., tracked_through_ms)`), since everything published before it has been seen;
+    - `B` = the base subscription's oldest unacked publish time, from the `BacklogProbe`; `B = T` without backlog;
+    - `low = min(B, T - band_ms)`.
+
+    Then `current(now_ms)` is the minimum of `low` and the event times of all samples whose publish time lies in
+    `[low, T]` (a bucket counts when it overlaps that range); with no such sample it is `low` itself. Including
+    `low` in the minimum goes one step beyond Dataflow's formula and makes the guarantee exact, given a drain
+    before each `current` and a probe that is up to date: a message whose event time is at most `band_ms` before
+    its publish time is never late, whether it is still waiting in the base
+    subscription (then `B` and its sample hold the watermark below it), or not yet seen by the tracking
+    subscription (then it was published after `T`, so its event time is past `T - band_ms`). A message delayed
+    more than `band_ms` may be late, unless the base subscription's backlog still holds it.
+
+    Idle rule: when the base subscription has no backlog now, no sample was published during the last
+    `idle_timeout_ms` and no backlog was seen during it either (the probe is consulted at each `current`), the
+    watermark advances to `now_ms - idle_allowance_ms` (default: the band). Drain the tracking subscription
+    before asking for the watermark; the idle rule cannot see messages the drain has not pulled yet.
+
+    The result never goes back: a smaller value (a backlog that reappears older, say) leaves the watermark where
+    it is. Buckets entirely before `low` are pruned after each `current`; if more than `max_buckets` remain (a
+    long backlog), neighbouring buckets are merged, which only makes the watermark more cautious. The state is
+    therefore at most `max_buckets` buckets plus the probe's.
+    """
+
+    def __init__(
+        self,
+        probe: BacklogProbe,
+        *,
+        band_ms: int = DEFAULT_BAND_MS,
+        idle_timeout_ms: int = DEFAULT_IDLE_TIMEOUT_MS,
+        idle_allowance_ms: int | None = None,
+        bucket_ms: int = DEFAULT_BUCKET_MS,
+        max_buckets: int = 3_600,
+    ) -> None:
+        if band_ms < 0 or idle_timeout_ms <= 0 or bucket_ms < 1 or max_buckets < 2:
+            raise ValueError(
+                "band_ms >= 0, idle_timeout_ms > 0, bucket_ms >= 1 and max_buckets >= 2 are required"
+            )
+        self.probe = probe
+        self.band_ms = band_ms
+        self.idle_timeout_ms = idle_timeout_ms
+        self.idle_allowance_ms = band_ms if idle_allowance_ms is None else idle_allowance_ms
+        self.bucket_ms = bucket_ms
+        self.max_buckets = max_buckets
+        # Sorted, disjoint [start, end, min event time] publish-time buckets.
+        self._buckets: list[list[int]] = []
+        self._tracked_through_ms: int | None = None
+        self._last_data_ms: int | None = None
+        self._backlog_seen_ms: int | None = None
+        self._watermark_ms: int | None = None
+
+    @classmethod
+    def from_settings(cls, probe: BacklogProbe, settings: WatermarkSettings | None = None) -> PubSubWatermark:
+        """An estimator with the band and idle timeout of `settings` (default: `WatermarkSettings.from_env()`)."""
+        settings = settings or WatermarkSettings.from_env()
+        return cls(probe, band_ms=settings.band_ms, idle_timeout_ms=settings.idle_timeout_ms)
+
+    @property
+    def bucket_count(self) -> int:
+        """How many histogram buckets the state holds."""
+        return len(self._buckets)
+
+    def observe(self, samples: Sequence[TrackingSample], tracked_through_ms: int | None) -> None:
+        """Record a drain of the tracking subscription and pass it on to the probe.
+
+        `tracked_through_ms`: every message published before it has now been seen (the drain's start time when the
+        drain emptied the subscription), or None when the drain stopped early and nothing new is known.
+        """
+        by_bucket: dict[int, int] = {}
+        for sample in samples:
+            bucket = _floor(sample.publish_time_ms, self.bucket_ms)
+            by_bucket[bucket] = min(by_bucket.get(bucket, sample.event_time_ms), sample.event_time_ms)
+            if self._last_data_ms is None or sample.publish_time_ms > self._last_data_ms:
+                self._last_data_ms = sample.publish_time_ms
+        for bucket, event_ms in by_bucket.items():
+            self._add(bucket, event_ms)
+        if tracked_through_ms is not None and (
+            self._tracked_through_ms is None or tracked_through_ms > self._tracked_through_ms
+        ):
+            self._tracked_through_ms = tracked_through_ms
+        self._coarsen()
+        self.probe.tracked(samples, tracked_through_ms)
+
+    def committed(self, messages: Iterable[MessageKey]) -> None:
+        """Report base-subscription messages `(message_id, publish_time_ms)` committed to the raw table."""
+        self.probe.committed(messages)
+
+    def current(self, now_ms: int) -> int | None:
+        """Compute the watermark at `now_ms` (see the class), record it and return it; None before any data."""
+        through = self._tracked_through_ms
+        if through is None or self._last_data_ms is None:
+            return self._watermark_ms
+        backlog = self.probe.oldest_unacked_ms(now_ms)
+        if backlog is not None and (self._backlog_seen_ms is None or now_ms > self._backlog_seen_ms):
+            self._backlog_seen_ms = now_ms
+        low = min(through if backlog is None else backlog, through - self.band_ms)
+        value = low
+        first = bisect.bisect_right(self._buckets, low, key=lambda b: b[1])
+        for start, _, event_ms in self._buckets[first:]:
+            if start > through:
+                break
+            value = min(value, event_ms)
+        # A backlog seen now restarts the idle timeout, so the idle rule never fires while there is one.
+        quiet_since = _max_opt(self._last_data_ms, self._backlog_seen_ms)
+        assert quiet_since is not None
+        if now_ms - quiet_since >= self.idle_timeout_ms:
+            value = max(value, now_ms - self.idle_allowance_ms)
+        if self._watermark_ms is None or value > self._watermark_ms:
+            self._watermark_ms = value
+        del self._buckets[:first]
+        return self._watermark_ms
+
+    def to_state(self) -> dict[str, Any]:
+        return {
+            "kind": "pubsub",
+            "watermark_ms": self._watermark_ms,
+            "tracked_through_ms": self._tracked_through_ms,
+            "last_data_ms": self._last_data_ms,
+            "backlog_seen_ms": self._backlog_seen_ms,
+            "buckets": [list(b) for b in self._buckets],
+            "probe": self.probe.to_state(),
+        }
+
+    def from_state(self, state: Mapping[str, Any]) -> Self:
+        """Restore a persisted state (configuration stays this instance's); an empty mapping changes nothing.
+
+        The watermark and `T` become the larger of this instance's and the state's, so restoring never moves
+        either backward.
+        """
+        if not state:
+            return self
+        _check_kind(state, "pubsub")
+        self._watermark_ms = _max_opt(self._watermark_ms, _opt_int(state.get("watermark_ms")))
+        self._tracked_through_ms = _max_opt(
+            self._tracked_through_ms, _opt_int(state.get("tracked_through_ms"))
+        )
+        self._last_data_ms = _max_opt(self._last_data_ms, _opt_int(state.get("last_data_ms")))
+        self._backlog_seen_ms = _max_opt(self._backlog_seen_ms, _opt_int(state.get("backlog_seen_ms")))
+        self._buckets = sorted([int(s), int(e), int(m)] for s, e, m in state.get("buckets", ()))
+        self.probe.from_state(state.get("probe") or {})
+        return self
+
+    def _add(self, bucket: int, event_ms: int) -> None:
+        i = bisect.bisect_right(self._buckets, bucket, key=lambda b: b[0]) - 1
+        if i >= 0 and bucket < self._buckets[i][1]:
+            self._buckets[i][2] = min(self._buckets[i][2], event_ms)
+        else:
+            self._buckets.insert(i + 1, [bucket, bucket + self.bucket_ms, event_ms])
+
+    def _coarsen(self) -> None:
+        while len(self._buckets) > self.max_buckets:
+            pairs = zip(self._buckets[::2], self._buckets[1::2], strict=False)
+            merged = [[a[0], b[1], min(a[2], b[2])] for a, b in pairs]
+            if len(self._buckets) % 2:
+                merged.append(self._buckets[-1])
+            self._buckets = merged
+
+
+class FileWatermark:
+    """The watermark of a file source: the maximum event time seen minus a declared out-of-orderness bound.
+
+    `observe` is told about every committed batch of new files (and, with `None`, about new files that are known
+    to be waiting): a record more than `out_of_orderness_ms` older than the newest record seen before it may be
+    late; one within the bound never is. Idle rule: when no new files were observed during the last
+    `idle_timeout_ms`, the watermark advances to `now_ms - idle_allowance_ms` (default: the out-of-orderness
+    bound, the same allowance a new file's records get). None before any record; never goes back.
+    """
+
+    def __init__(
+        self,
+        out_of_orderness_ms: int,
+        *,
+        idle_timeout_ms: int = DEFAULT_IDLE_TIMEOUT_MS,
+        idle_allowance_ms: int | None = None,
+    ) -> None:
+        if out_of_orderness_ms < 0 or idle_timeout_ms <= 0:
+            raise ValueError("out_of_orderness_ms >= 0 and idle_timeout_ms > 0 are required")
+        self.out_of_orderness_ms = out_of_orderness_ms
+        self.idle_timeout_ms = idle_timeout_ms
+        self.idle_allowance_ms = out_of_orderness_ms if idle_allowance_ms is None else idle_allowance_ms
+        self._max_event_ms: int | None = None
+        self._last_files_ms: int | None = None
+        self._watermark_ms: int | None = None
+
+    @classmethod
+    def for_source(cls, spec: FileSourceSpec, settings: WatermarkSettings | None = None) -> FileWatermark:
+        """The estimator for a declared file source: its bound, and the idle timeout of `settings` (or env)."""
+        settings = settings or WatermarkSettings.from_env()
+        return cls(round(spec.out_of_orderness_s * 1000), idle_timeout_ms=settings.idle_timeout_ms)
+
+    def observe(self, max_event_time_ms: int | None, now_ms: int) -> None:
+        """New files at `now_ms` whose newest record has `max_event_time_ms` (None: no valid record, or waiting)."""
+        if max_event_time_ms is not None:
+            self._max_event_ms = _max_opt(self._max_event_ms, max_event_time_ms)
+        self._last_files_ms = _max_opt(self._last_files_ms, now_ms)
+
+    def current(self, now_ms: int) -> int | None:
+        """Compute the watermark at `now_ms` (see the class), record it and return it; None before any record."""
+        if self._max_event_ms is None:
+            return self._watermark_ms
+        value = self._max_event_ms - self.out_of_orderness_ms
+        if self._last_files_ms is not None and now_ms - self._last_files_ms >= self.idle_timeout_ms:
+            value = max(value, now_ms - self.idle_allowance_ms)
+        self._watermark_ms = _max_opt(self._watermark_ms, value)
+        return self._watermark_ms
+
+    def to_state(self) -> dict[str, Any]:
+        return {
+            "kind": "files",
+            "watermark_ms": self._watermark_ms,
+            "max_event_time_ms": self._max_event_ms,
+            "last_files_ms": self._last_files_ms,
+        }
+
+    def from_state(self, state: Mapping[str, Any]) -> Self:
+        """Restore a persisted state, never moving the watermark backward; an empty mapping changes nothing."""
+        if not state:
+            return self
+        _check_kind(state, "files")
+        self._watermark_ms = _max_opt(self._watermark_ms, _opt_int(state.get("watermark_ms")))
+        self._max_event_ms = _max_opt(self._max_event_ms, _opt_int(state.get("max_event_time_ms")))
+        self._last_files_ms = _max_opt(self._last_files_ms, _opt_int(state.get("last_files_ms")))
+        return self
+
+
+def _floor(value: int, step: int) -> int:
+    return value - value % step
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _max_opt(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    return a if b is None else max(a, b)
+
+
+def _check_kind(state: Mapping[str, Any], kind: str) -> None:
+    if state.get("kind") != kind:
+        raise ValueError(f"watermark state of kind {state.get('kind')!r} cannot restore a {kind!r} estimator")

@@ -1,0 +1,153 @@
+"""The tracking subscription on Google's Pub/Sub emulator: drained, acked, turned into watermark samples."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from jobs.tracking import TrackingDrainer, parse_event_time_ms, sample_of
+from jobs.watermark import EmulatorBacklogProbe, PubSubWatermark
+from resources.pubsub import PubSubClient, PulledMessage
+from resources.pubsub_emulator import PubSubEmulator
+from tests.pipelines import SUBSCRIPTION, TOPIC, TRACKING, events_pipeline, new_project
+
+START_MS = 1_763_720_000_000  # 2025-11-21T10:13:20Z
+
+
+def make_client(ack_deadline_s: int = 60) -> PubSubClient:
+    """A fresh project with the topic and both subscriptions, created before anything is published."""
+    client = PubSubClient(new_project())
+    client.ensure_subscriptions(TOPIC, [SUBSCRIPTION, TRACKING], ack_deadline_s)
+    return client
+
+
+def pull_all(client: PubSubClient, subscription: str) -> list[PulledMessage]:
+    messages: list[PulledMessage] = []
+    while pulled := client.pull(subscription, 1_000, 1.0):
+        messages.extend(pulled)
+    return messages
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("1763720000456", 1_763_720_000_456),
+        ("-1500", -1_500),
+        ("2025-11-21T10:13:20.123Z", 1_763_720_000_123),
+        ("2025-11-21t10:13:20.123456789z", 1_763_720_000_123),
+        ("2025-11-21T12:13:20+02:00", 1_763_720_000_000),
+        ("2025-11-21T10:13:20", 1_763_720_000_000),
+        ("yesterday", None),
+        ("", None),
+        ("1234567890123456", None),
+        (None, None),
+    ],
+)
+def test_parse_event_time(raw: str | None, expected: int | None) -> None:
+    assert parse_event_time_ms(raw) == expected
+
+
+def test_sample_falls_back_to_the_publish_time() -> None:
+    def message(attributes: dict[str, str]) -> PulledMessage:
+        return PulledMessage("7", START_MS + 9, attributes, b"{}", "ack")
+
+    assert sample_of(message({"event_time": "1000"}), "event_time").event_time_ms == 1_000
+    assert sample_of(message({"event_time": "soon"}), "event_time").event_time_ms == START_MS + 9
+    assert sample_of(message({}), "event_time").event_time_ms == START_MS + 9
+    assert sample_of(message({"event_time": "1000"}), None).event_time_ms == START_MS + 9
+
+
+def test_drain_samples_every_message_and_acks_it(pubsub_emulator: PubSubEmulator) -> None:
+    client = make_client(ack_deadline_s=10)
+    attributes = [
+        {"event_id": "rfc", "event_time": "2025-11-21T10:13:20.123Z"},
+        {"event_id": "millis", "event_time": "1763720000456"},
+        {"event_id": "missing"},
+        {"event_id": "bad", "event_time": "yesterday"},
+    ]
+    ids = client.publish(TOPIC, [(b"{}", a) for a in attributes])
+    drainer = TrackingDrainer.for_source(client, events_pipeline().source)  # type: ignore[arg-type]
+    now_ms = int(time.time() * 1000)
+
+    drain = drainer.drain(now_ms)
+
+    assert drain.caught_up and drain.tracked_through_ms == now_ms
+    by_id = {s.message_id: s for s in drain.samples}
+    assert sorted(by_id) == sorted(ids) and len(drain.samples) == 4
+    rfc, millis, missing, bad = (by_id[i] for i in ids)
+    assert rfc.event_time_ms == START_MS + 123
+    assert millis.event_time_ms == START_MS + 456
+    assert missing.event_time_ms == missing.publish_time_ms
+    assert bad.event_time_ms == bad.publish_time_ms
+    assert all(now_ms - 60_000 < s.publish_time_ms <= now_ms for s in drain.samples)
+    # Acked at once: past the ack deadline, anything pulled but not acked would be back by now.
+    time.sleep(11)
+    assert drainer.drain(now_ms + 1).samples == []
+    # The base subscription sees the very same messages: same ids, same publish times.
+    base = pull_all(client, SUBSCRIPTION)
+    assert {(m.message_id, m.publish_time_ms) for m in base} == {
+        (s.message_id, s.publish_time_ms) for s in drain.samples
+    }
+
+
+def test_drain_stops_at_its_budget_without_claiming_to_be_caught_up(pubsub_emulator: PubSubEmulator) -> None:
+    client = make_client()
+    ids = client.publish(TOPIC, [(b"{}", {"event_time": str(START_MS + i)}) for i in range(250)])
+    drainer = TrackingDrainer(client, TRACKING, "event_time", max_per_pull=100, max_messages=100)
+    drains = [drainer.drain(START_MS + k) for k in range(3)]
+    assert [len(d.samples) for d in drains] == [100, 100, 50]
+    assert [d.caught_up for d in drains] == [False, False, True]
+    assert [d.tracked_through_ms for d in drains] == [None, None, START_MS + 2]
+    assert sorted(s.message_id for d in drains for s in d.samples) == sorted(ids)
+    assert sorted(s.event_time_ms for d in drains for s in d.samples) == [START_MS + i for i in range(250)]
+
+
+def test_watermark_from_the_emulator(pubsub_emulator: PubSubEmulator) -> None:
+    client = make_client()
+    # Events from a while ago, published now and out of order.
+    order = [3, 0, 4, 1, 2]
+    ids = client.publish(
+        TOPIC, [(b"{}", {"event_id": f"e{i}", "event_time": str(START_MS + 1_000 * i)}) for i in order]
+    )
+    event_of = {message_id: START_MS + 1_000 * i for message_id, i in zip(ids, order, strict=True)}
+    band = 60_000
+    watermark = PubSubWatermark(EmulatorBacklogProbe(), band_ms=band, bucket_ms=1)
+    drainer = TrackingDrainer(client, TRACKING, "event_time")
+    now_ms = int(time.time() * 1000)
+
+    drain = drainer.drain(now_ms)
+    watermark.observe(drain.samples, drain.tracked_through_ms)
+    publish_of = {s.message_id: s.publish_time_ms for s in drain.samples}
+    assert {s.message_id: s.event_time_ms for s in drain.samples} == event_of
+    # Everything is still waiting in the base subscription: the earliest event time holds the watermark.
+    assert watermark.current(now_ms) == START_MS
+
+    # The pipeline lands the base subscription's messages and commits those of events 3 and 4.
+    base = pull_all(client, SUBSCRIPTION)
+    assert sorted(m.message_id for m in base) == sorted(ids)
+    done = [m for m in base if event_of[m.message_id] >= START_MS + 3_000]
+    client.ack(SUBSCRIPTION, [m.ack_id for m in done])
+    watermark.committed((m.message_id, m.publish_time_ms) for m in done)
+    waiting = [i for i in ids if event_of[i] < START_MS + 3_000]
+    oldest = min(publish_of[i] for i in waiting)
+    assert watermark.probe.oldest_unacked_ms(now_ms) == oldest
+
+    # Two minutes on, a new drain finds nothing: T moves on, B stays at the oldest waiting message.
+    later = now_ms + 120_000
+    drain = drainer.drain(later)
+    assert drain.samples == [] and drain.tracked_through_ms == later
+    watermark.observe(drain.samples, drain.tracked_through_ms)
+    in_range = [event_of[i] for i, p in publish_of.items() if oldest <= p <= later]
+    assert watermark.current(later) == max(START_MS, min([oldest, *in_range]))
+
+    # Everything is committed: no backlog, and two more quiet minutes advance it to near real time.
+    rest = [m for m in base if m not in done]
+    client.ack(SUBSCRIPTION, [m.ack_id for m in rest])
+    watermark.committed((m.message_id, m.publish_time_ms) for m in rest)
+    assert watermark.probe.oldest_unacked_ms(later) is None
+    # Not idle yet (the backlog was last seen at `later`), but with no sample left in [T - band, T] the
+    # watermark is that range's lower bound.
+    assert watermark.current(later + 120_000 - 1) == later - band
+    assert watermark.current(later + 120_000) == later + 120_000 - band
+    assert watermark.to_state()["probe"]["pending"] == []
