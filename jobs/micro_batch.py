@@ -22,7 +22,13 @@ from jobs.ingest import IngestResult, ingest_batch
 from jobs.land import land_pubsub_batch, plan_file_batch, read_file_batch
 from jobs.pipeline import FileSourceSpec, Pipeline, PubSubSourceSpec
 from jobs.tracking import TrackingDrainer
-from jobs.watermark import CloudMonitoringBacklogProbe, EmulatorBacklogProbe, FileWatermark, PubSubWatermark
+from jobs.watermark import (
+    CloudMonitoringBacklogProbe,
+    EmulatorBacklogProbe,
+    FileWatermark,
+    PubSubWatermark,
+    WatermarkSettings,
+)
 from resources.checkpoint import BatchPlan, CheckpointStore, SourceCheckpoint
 from resources.faults import crash_point
 from resources.files import FileSource
@@ -97,14 +103,21 @@ def watermark_estimator(pipeline: Pipeline, handles: SourceHandles) -> PubSubWat
     so there it is estimated from what onceflow itself has committed.
     """
     spec = pipeline.source
+    settings = WatermarkSettings.from_env()
+    settings = WatermarkSettings(
+        band_ms=settings.band_ms if pipeline.watermark_band_s is None else round(pipeline.watermark_band_s * 1000),
+        idle_timeout_ms=(
+            settings.idle_timeout_ms if pipeline.watermark_idle_s is None else round(pipeline.watermark_idle_s * 1000)
+        ),
+    )
     if isinstance(spec, FileSourceSpec):
-        return FileWatermark.for_source(spec)
+        return FileWatermark.for_source(spec, settings)
     assert handles.pubsub is not None
     if os.environ.get("PUBSUB_EMULATOR_HOST"):
         probe: EmulatorBacklogProbe | CloudMonitoringBacklogProbe = EmulatorBacklogProbe()
     else:
         probe = CloudMonitoringBacklogProbe(handles.pubsub.project, spec.subscription)
-    return PubSubWatermark.from_settings(probe)
+    return PubSubWatermark.from_settings(probe, settings)
 
 
 def landed_messages(plan: BatchPlan, landing: ObjectStore) -> list[tuple[str, int]]:

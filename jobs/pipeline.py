@@ -60,6 +60,7 @@ class Pipeline:
 
     `delivery="exactly_once"` deduplicates on record IDs within `dedup_horizon_s`; `"at_least_once"` appends every
     valid record (publisher retries and redeliveries stay as duplicates) and only skips replays of a whole batch.
+    `watermark_band_s` / `watermark_idle_s` override `ONCEFLOW_WATERMARK_BAND_S` / `ONCEFLOW_WATERMARK_IDLE_S`.
     """
 
     name: str
@@ -71,6 +72,8 @@ class Pipeline:
     delivery: Delivery = "exactly_once"
     dedup_horizon_s: int = 24 * 3600
     max_record_bytes: int = 64 * 1024
+    watermark_band_s: float | None = None
+    watermark_idle_s: float | None = None
 
     @property
     def source_id(self) -> str:

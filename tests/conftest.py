@@ -12,6 +12,7 @@ from pyspark.sql import SparkSession
 
 from resources.pubsub_emulator import PubSubEmulator, start_pubsub_emulator
 from resources.spark import build_spark_session
+from resources.spark_connect import SparkConnectServer, start_spark_connect_server
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
@@ -26,14 +27,23 @@ def require(condition: bool, what: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
+def spark_connect() -> Iterator[SparkConnectServer]:
+    """One warm Spark engine for the whole run: this process and every process a test starts connect to it."""
     require(shutil.which("java") is not None, "Java 17")
-    warehouse = tmp_path_factory.mktemp("warehouse")
-    session = build_spark_session(
-        master="local[2]",
-        app_name="onceflow-tests",
-        conf={"spark.sql.warehouse.dir": str(warehouse), "spark.driver.memory": "2g"},
-    )
+    server = start_spark_connect_server()
+    previous = os.environ.get("ONCEFLOW_SPARK_REMOTE")
+    os.environ["ONCEFLOW_SPARK_REMOTE"] = server.url
+    yield server
+    server.stop()
+    if previous is None:
+        os.environ.pop("ONCEFLOW_SPARK_REMOTE", None)
+    else:
+        os.environ["ONCEFLOW_SPARK_REMOTE"] = previous
+
+
+@pytest.fixture(scope="session")
+def spark(spark_connect: SparkConnectServer) -> Iterator[SparkSession]:
+    session = build_spark_session(remote=spark_connect.url)
     yield session
     session.stop()
 

@@ -67,7 +67,9 @@ def dagster_cli(args: list[str], home: str, crash_at: str | None, **settings: st
     `settings` become `ONCEFLOW_<NAME>` variables (`pubsub_project="p"` sets `ONCEFLOW_PUBSUB_PROJECT`).
     """
     env = {**os.environ, "ONCEFLOW_HOME": home, **{f"ONCEFLOW_{k.upper()}": v for k, v in settings.items()}}
-    env.pop("ONCEFLOW_CRASH_AT", None)
+    # pyspark marks a process that opened a Spark Connect session; that is this process's state, not a setting.
+    for inherited in ("ONCEFLOW_CRASH_AT", "SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE"):
+        env.pop(inherited, None)
     if crash_at:
         env["ONCEFLOW_CRASH_AT"] = crash_at
     with tempfile.TemporaryDirectory() as dagster_home:

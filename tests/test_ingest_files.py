@@ -109,7 +109,8 @@ def test_crash_after_merge_then_rerun_gives_the_same_table(
     spark: SparkSession, incoming: Path, home: Path
 ) -> None:
     events = seed_files(incoming)
-    crashed = dagster_micro_batch(str(home), "ingest.after_merge")
+    # This run builds a classic local Spark session (no Connect server), so that path is exercised too.
+    crashed = dagster_micro_batch(str(home), "ingest.after_merge", spark_remote="")
     assert "crash injected at ingest.after_merge" in crashed.stderr + crashed.stdout, crashed.stderr[-3000:]
     pipeline = events_pipeline()
     handles = handles_for(pipeline, home)
