@@ -6,6 +6,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from pyspark.sql import SparkSession
@@ -14,6 +15,7 @@ from resources.pubsub_emulator import PubSubEmulator, start_pubsub_emulator
 from resources.spark import build_spark_session
 from resources.spark_connect import SparkConnectServer, start_spark_connect_server
 
+S = TypeVar("S", PubSubEmulator, SparkConnectServer)
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
@@ -26,19 +28,22 @@ def require(condition: bool, what: str) -> None:
     pytest.skip(f"{what} is not available")
 
 
+def running(service: S, variable: str, value: str) -> Iterator[S]:
+    """Yield a started service with `variable` pointing at it; stop it at the end whatever happens."""
+    try:
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv(variable, value)
+            yield service
+    finally:
+        service.stop()
+
+
 @pytest.fixture(scope="session")
 def spark_connect() -> Iterator[SparkConnectServer]:
     """One warm Spark engine for the whole run: this process and every process a test starts connect to it."""
     require(shutil.which("java") is not None, "Java 17")
     server = start_spark_connect_server()
-    previous = os.environ.get("ONCEFLOW_SPARK_REMOTE")
-    os.environ["ONCEFLOW_SPARK_REMOTE"] = server.url
-    yield server
-    server.stop()
-    if previous is None:
-        os.environ.pop("ONCEFLOW_SPARK_REMOTE", None)
-    else:
-        os.environ["ONCEFLOW_SPARK_REMOTE"] = previous
+    yield from running(server, "ONCEFLOW_SPARK_REMOTE", server.url)
 
 
 @pytest.fixture(scope="session")
@@ -52,14 +57,7 @@ def spark(spark_connect: SparkConnectServer) -> Iterator[SparkSession]:
 def pubsub_emulator() -> Iterator[PubSubEmulator]:
     require(shutil.which("gcloud") is not None, "the Google Cloud CLI's Pub/Sub emulator")
     emulator = start_pubsub_emulator()
-    previous = os.environ.get("PUBSUB_EMULATOR_HOST")
-    os.environ["PUBSUB_EMULATOR_HOST"] = emulator.host
-    yield emulator
-    emulator.stop()
-    if previous is None:
-        os.environ.pop("PUBSUB_EMULATOR_HOST", None)
-    else:
-        os.environ["PUBSUB_EMULATOR_HOST"] = previous
+    yield from running(emulator, "PUBSUB_EMULATOR_HOST", emulator.host)
 
 
 @pytest.fixture

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from jobs.ingest import ingest_batch
-from jobs.micro_batch import landed_frame, run_micro_batch
+from jobs.ingest import IngestResult, ingest_batch
+from jobs.micro_batch import SourceHandles, landed_frame, run_micro_batch
+from jobs.pipeline import Pipeline
 from orchestration.workload import (
     MALFORMED,
     expected_raw,
@@ -24,6 +25,14 @@ from tests.pipelines import TOPIC, dagster_micro_batch, drain, events_pipeline, 
 
 RAW = ["record_id", "event_time", "key", "value"]
 START_MS = 1_763_720_000_000  # 2025-11-21T10:13:20Z
+
+
+def replay_batch(spark: SparkSession, pipeline: Pipeline, handles: SourceHandles, batch_id: int) -> IngestResult:
+    """Ingest an already committed batch again, as a retried run would."""
+    plan = handles.checkpoints.get_plan(batch_id)
+    assert plan is not None
+    landed = landed_frame(spark, plan, handles)
+    return ingest_batch(spark, pipeline, plan, landed, handles.raw_path, handles.dead_letter_path)
 
 
 def test_publisher_retries_land_exactly_once(spark: SparkSession, pubsub_emulator: PubSubEmulator, home: Path) -> None:
@@ -116,11 +125,7 @@ def test_replaying_a_committed_batch_changes_nothing(
     version = table_version(handles.raw_path)
     rows = read_rows(handles.raw_path, [*RAW, "batch_id", "ingested_at"])
 
-    plan = handles.checkpoints.get_plan(1)
-    assert plan is not None
-    replay = ingest_batch(
-        spark, pipeline, plan, landed_frame(spark, plan, handles), handles.raw_path, handles.dead_letter_path
-    )
+    replay = replay_batch(spark, pipeline, handles, 1)
 
     assert first.inserted == 100 and not first.replayed
     # Nothing is written; the counts are those of the commit that did the work.
@@ -190,9 +195,5 @@ def test_at_least_once_keeps_duplicates(spark: SparkSession, pubsub_emulator: Pu
     assert sorted(set(rows)) == expected_raw(events)
     assert sum(r.inserted for r in results) == 330 and sum(r.duplicates for r in results) == 0
     # A replay of a whole batch is still skipped: at-least-once does not mean "write twice on retry".
-    plan = handles.checkpoints.get_plan(1)
-    assert plan is not None
-    replay = ingest_batch(
-        spark, pipeline, plan, landed_frame(spark, plan, handles), handles.raw_path, handles.dead_letter_path
-    )
+    replay = replay_batch(spark, pipeline, handles, 1)
     assert replay.replayed and len(read_rows(handles.raw_path, RAW)) == 330
