@@ -20,8 +20,8 @@ from jobs.windows import (
     CloseStore,
     Window,
     WindowResult,
-    materialize_window,
-    raw_rows_in_window,
+    materialize_windows,
+    rows_per_window,
 )
 from resources.checkpoint import CheckpointStore
 from resources.lake import LakeResource
@@ -68,13 +68,15 @@ def window_metadata(result: WindowResult) -> dict[str, Any]:
     return metadata
 
 
-def window_table_count(spark: SparkSession, windows_path: str, window: Window) -> int:
-    return int(
-        spark.sql(
-            f"SELECT coalesce(sum(count), 0) AS n FROM delta.`{windows_path}` "
-            f"WHERE window_start = timestamp_millis({window.start_ms})"
-        ).collect()[0]["n"]
-    )
+def window_table_counts(spark: SparkSession, windows_path: str, windows: list[Window]) -> dict[Window, int]:
+    """sum(count) per window as the window table holds it now."""
+    starts = ", ".join(str(w.start_ms) for w in windows)
+    rows = spark.sql(
+        f"SELECT unix_millis(window_start) AS s, sum(count) AS n FROM delta.`{windows_path}` "
+        f"WHERE unix_millis(window_start) IN ({starts}) GROUP BY window_start"
+    ).collect()
+    found = {int(r["s"]): int(r["n"]) for r in rows}
+    return {w: found.get(w.start_ms, 0) for w in windows}
 
 
 def duplicate_record_ids(spark: SparkSession, raw_path: str, pipeline: Pipeline, watermark_ms: int | None) -> int:
@@ -114,28 +116,21 @@ def build_window_asset(pipeline: Pipeline, start: str | None = None) -> dg.Asset
         raw_path, windows_path = lake.table_path(pipeline.raw_table), lake.table_path(pipeline.windows_table)
         watermark = source_watermark_ms(CheckpointStore(lake.checkpoints(), pipeline.source_id).load())
         closes = CloseStore(lake.checkpoints(), pipeline.window_asset)
-        results = []
-        for partition_key in context.partition_keys:
-            window = Window.from_partition_key(partition_key, pipeline.window_s)
-            result = materialize_window(session, pipeline, window, watermark, closes, raw_path, windows_path)
-            results.append(result)
+        windows = [Window.from_partition_key(k, pipeline.window_s) for k in context.partition_keys]
+        results = materialize_windows(session, pipeline, windows, watermark, closes, raw_path, windows_path)
+        for result in results:
             context.log.info(
-                f"{pipeline.window_asset} {window.key}: pane {result.pane} ({result.timing}) from raw v"
+                f"{pipeline.window_asset} {result.window.key}: pane {result.pane} ({result.timing}) from raw v"
                 f"{result.raw_version}: {result.records} records, {result.keys} keys, {result.late} late"
             )
 
-        mismatched = [
-            r.window.key
-            for r in results
-            if window_table_count(session, windows_path, r.window)
-            != raw_rows_in_window(session, raw_path, r.window, r.raw_version)
-        ]
-        unaccounted = [
-            r.window.key
-            for r in results
-            if r.closed
-            and raw_rows_in_window(session, raw_path, r.window, r.latest_raw_version) != r.records + r.late
-        ]
+        in_table = window_table_counts(session, windows_path, windows)
+        at_close: dict[Window, int] = {}
+        for version in {r.raw_version for r in results}:
+            at_close |= rows_per_window(session, raw_path, version, {r.window: 0 for r in results if r.raw_version == version})
+        mismatched = [r.window.key for r in results if in_table[r.window] != at_close[r.window]]
+        now = rows_per_window(session, raw_path, results[0].latest_raw_version, {r.window: 0 for r in results})
+        unaccounted = [r.window.key for r in results if r.closed and now[r.window] != r.records + r.late]
         duplicates = duplicate_record_ids(session, raw_path, pipeline, watermark)
         if len(results) == 1:
             metadata = window_metadata(results[0])

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from jobs.delta_txn import latest_version
 from jobs.ingest import BUCKET_FORMAT
@@ -115,57 +117,80 @@ def ensure_windows_table(spark: SparkSession, path: str) -> None:
     spark.sql(f"CREATE TABLE IF NOT EXISTS delta.`{path}` ({WINDOW_COLUMNS}) USING delta")
 
 
-def _window_filter(window: Window) -> str:
+def _range_filter(windows: list[Window]) -> str:
+    """Event-time bounds covering all windows, with the time-bucket predicate that prunes raw's partitions."""
+    lo, hi = min(w.start_ms for w in windows), max(w.end_ms for w in windows)
     return (
-        f"event_time >= timestamp_millis({window.start_ms}) AND event_time < timestamp_millis({window.end_ms}) "
-        f"AND time_bucket BETWEEN date_format(timestamp_millis({window.start_ms}), '{BUCKET_FORMAT}') "
-        f"AND date_format(timestamp_millis({window.end_ms - 1}), '{BUCKET_FORMAT}')"
+        f"event_time >= timestamp_millis({lo}) AND event_time < timestamp_millis({hi}) "
+        f"AND time_bucket BETWEEN date_format(timestamp_millis({lo}), '{BUCKET_FORMAT}') "
+        f"AND date_format(timestamp_millis({hi - 1}), '{BUCKET_FORMAT}')"
     )
 
 
-def raw_rows_in_window(spark: SparkSession, raw_path: str, window: Window, version: int, after_batch: int = 0) -> int:
-    """Rows of the raw table at `version` with event time in the window (and batch id above `after_batch`)."""
-    return int(
-        spark.sql(
-            f"SELECT count(*) AS n FROM delta.`{raw_path}` VERSION AS OF {version} "
-            f"WHERE {_window_filter(window)} AND batch_id > {after_batch}"
-        ).collect()[0]["n"]
-    )
+def rows_per_window(
+    spark: SparkSession, raw_path: str, version: int, after_batch: dict[Window, int]
+) -> dict[Window, int]:
+    """Rows of raw at `version` per window, counting only batch ids above the window's bound (0: all rows).
+
+    One scan for all windows, so a backfill over many windows costs one query, not one per window.
+    """
+    if not after_batch:
+        return {}
+    values = ", ".join(f"({w.start_ms}, {w.end_ms}, {bound})" for w, bound in after_batch.items())
+    rows = spark.sql(
+        f"SELECT w.s, count(r.event_time) AS n FROM (VALUES {values}) AS w(s, e, after) "
+        f"LEFT JOIN (SELECT event_time, batch_id FROM delta.`{raw_path}` VERSION AS OF {version} "
+        f"WHERE {_range_filter(list(after_batch))}) r "
+        "ON r.event_time >= timestamp_millis(w.s) AND r.event_time < timestamp_millis(w.e) AND r.batch_id > w.after "
+        "GROUP BY w.s"
+    ).collect()
+    by_start = {w.start_ms: w for w in after_batch}
+    return {by_start[int(row["s"])]: int(row["n"]) for row in rows}
 
 
-def materialize_window(
+def materialize_windows(
     spark: SparkSession,
     pipeline: Pipeline,
-    window: Window,
+    windows: list[Window],
     watermark_ms: int | None,
     closes: CloseStore,
     raw_path: str,
     windows_path: str,
-) -> WindowResult:
-    """Compute the window's current pane and MERGE it into the window table (see the module docstring)."""
+) -> list[WindowResult]:
+    """Compute each window's current pane and MERGE them all into the window table (see the module docstring)."""
     ensure_windows_table(spark, windows_path)
     latest = latest_version(spark, raw_path)
-    closed = watermark_ms is not None and watermark_ms >= window.end_ms + pipeline.allowed_lateness_s * 1000
-    close = closes.latest(window)
-    if close is None and closed:
-        close = closes.close(window, _new_close(spark, raw_path, window, 1, ON_TIME, latest, watermark_ms))
-        crash_point("window.after_close")
-    elif (
-        close is not None
-        and pipeline.late_policy == "refire"
-        and raw_rows_in_window(spark, raw_path, window, latest, after_batch=close.max_batch_id) > 0
-    ):
-        close = closes.close(window, _new_close(spark, raw_path, window, close.pane + 1, LATE, latest, watermark_ms))
-        crash_point("window.after_close")
-
-    if close is None:
-        pane, timing, version = 0, EARLY, latest
+    lateness_ms = pipeline.allowed_lateness_s * 1000
+    existing = {w: closes.latest(w) for w in windows}
+    if pipeline.late_policy == "refire":
+        refire = rows_per_window(spark, raw_path, latest, {w: c.max_batch_id for w, c in existing.items() if c})
     else:
-        pane, timing, version = close.pane, close.timing, close.raw_version
-    records, keys = _merge_pane(spark, raw_path, windows_path, window, version, pane, timing)
+        refire = {}
+    panes: dict[Window, PaneClose | None] = {}
+    for window in windows:
+        close = existing[window]
+        if close is None and watermark_ms is not None and watermark_ms >= window.end_ms + lateness_ms:
+            close = closes.close(window, _new_close(spark, raw_path, window, 1, ON_TIME, latest, watermark_ms))
+            crash_point("window.after_close")
+        elif close is not None and refire.get(window, 0) > 0:
+            close = closes.close(window, _new_close(spark, raw_path, window, close.pane + 1, LATE, latest, watermark_ms))
+            crash_point("window.after_close")
+        panes[window] = close
+
+    totals = _merge_panes(spark, raw_path, windows_path, latest, panes)
     crash_point("window.after_merge")
-    late = 0 if close is None else raw_rows_in_window(spark, raw_path, window, latest, after_batch=close.max_batch_id)
-    return WindowResult(window, pane, timing, version, close is not None, records, keys, late, latest, watermark_ms)
+    late = rows_per_window(spark, raw_path, latest, {w: c.max_batch_id for w, c in panes.items() if c})
+    results = []
+    for window, close in panes.items():
+        records, keys = totals.get(window, (0, 0))
+        version = latest if close is None else close.raw_version
+        pane, timing = (0, EARLY) if close is None else (close.pane, close.timing)
+        results.append(
+            WindowResult(
+                window, pane, timing, version, close is not None, records, keys, late.get(window, 0), latest, watermark_ms
+            )
+        )
+    return results
 
 
 def _new_close(
@@ -183,32 +208,61 @@ def _new_close(
     )
 
 
-def _merge_pane(
-    spark: SparkSession, raw_path: str, windows_path: str, window: Window, version: int, pane: int, timing: str
-) -> tuple[int, int]:
-    """Replace the window's rows with the pane computed from `raw VERSION AS OF version`.
+def _merge_panes(
+    spark: SparkSession, raw_path: str, windows_path: str, latest: int, panes: dict[Window, PaneClose | None]
+) -> dict[Window, tuple[int, int]]:
+    """Replace each window's rows with its pane, computed from `raw VERSION AS OF` the pane's version.
 
-    A pane never overwrites a newer one: a stale retry of an earlier pane changes nothing.
+    One aggregation per distinct version and one MERGE for all windows. A pane never overwrites a newer one: a
+    stale retry of an earlier pane changes nothing. Returns (records, keys) per window.
     """
-    result = spark.sql(
-        f"SELECT timestamp_millis({window.start_ms}) AS window_start, timestamp_millis({window.end_ms}) AS window_end, "
-        f"key, count(*) AS count, CAST(sum(value) AS DECIMAL(38, 9)) AS sum_value, "
-        f"CAST({version} AS BIGINT) AS raw_version, {pane} AS pane, '{timing}' AS timing "
-        f"FROM delta.`{raw_path}` VERSION AS OF {version} WHERE {_window_filter(window)} GROUP BY key"
-    ).cache()
+    by_version: dict[int, list[tuple[Window, int, str]]] = {}
+    for window, close in panes.items():
+        if close is None:
+            by_version.setdefault(latest, []).append((window, 0, EARLY))
+        else:
+            by_version.setdefault(close.raw_version, []).append((window, close.pane, close.timing))
+    parts = []
+    for version, items in by_version.items():
+        values = ", ".join(f"({w.start_ms}, {w.end_ms}, {pane}, '{timing}')" for w, pane, timing in items)
+        parts.append(
+            spark.sql(
+                "SELECT timestamp_millis(w.s) AS window_start, timestamp_millis(w.e) AS window_end, r.key, "
+                "count(*) AS count, CAST(sum(r.value) AS DECIMAL(38, 9)) AS sum_value, "
+                f"CAST({version} AS BIGINT) AS raw_version, CAST(w.pane AS INT) AS pane, w.timing "
+                f"FROM (SELECT key, value, event_time FROM delta.`{raw_path}` VERSION AS OF {version} "
+                f"WHERE {_range_filter([w for w, _, _ in items])}) r "
+                f"JOIN (VALUES {values}) AS w(s, e, pane, timing) "
+                "ON r.event_time >= timestamp_millis(w.s) AND r.event_time < timestamp_millis(w.e) "
+                "GROUP BY w.s, w.e, r.key, w.pane, w.timing"
+            )
+        )
+    result = parts[0]
+    for part in parts[1:]:
+        result = result.unionByName(part)
+    result = result.cache()
     try:
-        totals = result.selectExpr("coalesce(sum(count), 0) AS n", "count(*) AS k").collect()[0]
-        view = f"onceflow_pane_{window.start_ms}_{pane}"
+        totals = {
+            int(row["s"]): (int(row["n"]), int(row["k"]))
+            for row in result.groupBy("window_start")
+            .agg(F.expr("unix_millis(window_start) AS s"), F.sum("count").alias("n"), F.count("*").alias("k"))
+            .collect()
+        }
+        view = f"onceflow_panes_{uuid.uuid4().hex}"
         result.createOrReplaceTempView(view)
-        in_window = f"t.window_start = timestamp_millis({window.start_ms})"
+        starts = ", ".join(f"timestamp_millis({w.start_ms})" for w in panes)
+        stale = " OR ".join(
+            f"(t.window_start = timestamp_millis({w.start_ms}) AND t.pane <= {0 if c is None else c.pane})"
+            for w, c in panes.items()
+        )
         spark.sql(
             f"MERGE INTO delta.`{windows_path}` t USING {view} s "
-            f"ON {in_window} AND t.window_start = s.window_start AND t.key = s.key "
+            f"ON t.window_start IN ({starts}) AND t.window_start = s.window_start AND t.key = s.key "
             "WHEN MATCHED AND s.pane >= t.pane THEN UPDATE SET * "
             "WHEN NOT MATCHED THEN INSERT * "
-            f"WHEN NOT MATCHED BY SOURCE AND {in_window} AND t.pane <= {pane} THEN DELETE"
+            f"WHEN NOT MATCHED BY SOURCE AND ({stale}) THEN DELETE"
         )
         spark.catalog.dropTempView(view)
-        return int(totals["n"]), int(totals["k"])
     finally:
         result.unpersist()
+    return {w: totals.get(w.start_ms, (0, 0)) for w in panes}

@@ -8,7 +8,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from jobs.micro_batch import source_handles, source_watermark_ms
-from jobs.windows import CloseStore, Window, materialize_window
+from jobs.windows import CloseStore, Window, materialize_windows
 from orchestration.pipelines import events_pipeline
 from resources.lake import LakeResource
 from tests.delta_reader import read_rows
@@ -91,5 +91,7 @@ def test_window_crash_then_rerun_gives_the_same_result(
     # An in-process recompute agrees with what the Dagster runs left behind.
     before = read_rows(windows_path, ALL_COLUMNS)
     watermark = first_close.watermark_ms
-    materialize_window(spark, pipeline, windows[0], watermark, closes, lake.table_path(pipeline.raw_table), windows_path)
+    materialize_windows(
+        spark, pipeline, [windows[0]], watermark, closes, lake.table_path(pipeline.raw_table), windows_path
+    )
     assert read_rows(windows_path, ALL_COLUMNS) == before

@@ -12,7 +12,7 @@ from pyspark.sql import SparkSession
 
 from jobs.micro_batch import source_handles
 from jobs.pipeline import FileSourceSpec, Pipeline
-from jobs.windows import CloseStore, Window, materialize_window
+from jobs.windows import CloseStore, Window, materialize_windows
 from orchestration.workload import Event
 from resources.lake import LakeResource
 from tests.delta_reader import read_rows
@@ -85,7 +85,7 @@ def test_final_windows_count_on_time_events_and_late_ones_are_accounted(
     windows_path = lake.table_path(pipeline.windows_table)
 
     def materialize(ws: list[Window], watermark_ms: int) -> list:
-        return [materialize_window(spark, pipeline, w, watermark_ms, closes, handles.raw_path, windows_path) for w in ws]
+        return materialize_windows(spark, pipeline, ws, watermark_ms, closes, handles.raw_path, windows_path)
 
     write_events(tmp_path / "in" / "1.jsonl", on_time)
     drain(lambda: spark, pipeline, handles)
@@ -133,12 +133,12 @@ def test_a_stale_early_pane_never_overwrites_the_final_pane(spark: SparkSession,
     write_events(tmp_path / "in" / "1.jsonl", on_time)
     drain(lambda: spark, pipeline, handles)
     closes = CloseStore(lake.checkpoints(), pipeline.window_asset)
-    materialize_window(spark, pipeline, window, window.end_ms + LATENESS_MS, closes, handles.raw_path, windows_path)
+    materialize_windows(spark, pipeline, [window], window.end_ms + LATENESS_MS, closes, handles.raw_path, windows_path)
     final = read_rows(windows_path, WINDOW_ROWS)
 
     # An early-pane run that started before the close and finishes after it.
     empty = CloseStore(lake.landing(), "nothing-closed-here")
-    materialize_window(spark, pipeline, window, None, empty, handles.raw_path, windows_path)
+    materialize_windows(spark, pipeline, [window], None, empty, handles.raw_path, windows_path)
 
     assert read_rows(windows_path, WINDOW_ROWS) == final
     assert {r[-2:] for r in final} == {(1, "on_time")}
