@@ -48,3 +48,10 @@ class LakeResource(dg.ConfigurableResource):
 
     def checkpoints(self) -> ObjectStore:
         return open_store(f"{self.home}/checkpoints")
+
+    def commits(self) -> ObjectStore:
+        return open_store(f"{self.home}/commits")
+
+    def sink_root(self) -> str:
+        """Where the file sink publishes: `<home>/published`."""
+        return f"{self.home}/published"
