@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -38,16 +39,28 @@ def cmd_dev(args: argparse.Namespace) -> int:
         emulator = start_pubsub_emulator()
         env["PUBSUB_EMULATOR_HOST"] = emulator.host
         print(f"Pub/Sub emulator on {emulator.host}")
+    # A SIGTERM (from make, a supervisor) must still stop dagster dev and the emulator, not orphan them.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    dev = subprocess.Popen(
+        [sys.executable, "-m", "dagster", "dev", "-w", str(PROJECT_ROOT / "workspace.yaml"),
+         "-h", args.host, "-p", str(args.port)],
+        env=env,
+        cwd=PROJECT_ROOT,
+        start_new_session=True,
+    )
     try:
-        return subprocess.call(
-            [sys.executable, "-m", "dagster", "dev", "-w", str(PROJECT_ROOT / "workspace.yaml"),
-             "-h", args.host, "-p", str(args.port)],
-            env=env,
-            cwd=PROJECT_ROOT,
-        )
+        return dev.wait()
     except KeyboardInterrupt:
         return 0
     finally:
+        # dagster dev shuts its webserver, daemon and code servers down on SIGINT (Ctrl-C), not on SIGTERM.
+        for sig in (signal.SIGINT, signal.SIGKILL):
+            try:
+                os.killpg(dev.pid, sig)
+                dev.wait(timeout=30)
+                break
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                continue
         if emulator is not None:
             emulator.stop()
 
