@@ -75,7 +75,7 @@ class LocalStore:
         path = self._path(key)
         tmp = self._temp(path, data)
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
 
     def create(self, key: str, data: bytes) -> bool:
         path = self._path(key)
@@ -86,7 +86,7 @@ class LocalStore:
             return False
         finally:
             os.unlink(tmp)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
         return True
 
     def list(self, prefix: str) -> list[str]:
@@ -106,7 +106,8 @@ class LocalStore:
         return str(self._path(key))
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a rename or new file in `path` durable (its directory entry is data too)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

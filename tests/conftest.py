@@ -9,13 +9,15 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
+from google.cloud import bigquery
 from pyspark.sql import SparkSession
 
+from resources.bigquery_emulator import BigQueryEmulator, BigQueryEmulatorUnavailable, start_bigquery_emulator
 from resources.pubsub_emulator import PubSubEmulator, start_pubsub_emulator
 from resources.spark import build_spark_session
 from resources.spark_connect import SparkConnectServer, start_spark_connect_server
 
-S = TypeVar("S", PubSubEmulator, SparkConnectServer)
+S = TypeVar("S", PubSubEmulator, SparkConnectServer, BigQueryEmulator)
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
@@ -58,6 +60,24 @@ def pubsub_emulator() -> Iterator[PubSubEmulator]:
     require(shutil.which("gcloud") is not None, "the Google Cloud CLI's Pub/Sub emulator")
     emulator = start_pubsub_emulator()
     yield from running(emulator, "PUBSUB_EMULATOR_HOST", emulator.host)
+
+
+@pytest.fixture(scope="session")
+def bigquery_emulator() -> Iterator[BigQueryEmulator]:
+    """The local BigQuery emulator (its own Python 3.13 venv, set up on first use)."""
+    try:
+        emulator = start_bigquery_emulator()
+    except BigQueryEmulatorUnavailable as missing:
+        require(False, str(missing))
+        raise
+    yield from running(emulator, "BIGQUERY_EMULATOR_HOST", emulator.endpoint)
+
+
+@pytest.fixture(scope="session")
+def bigquery_client(bigquery_emulator: BigQueryEmulator) -> Iterator[bigquery.Client]:
+    client = bigquery_emulator.client()
+    yield client
+    client.close()
 
 
 @pytest.fixture

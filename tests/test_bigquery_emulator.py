@@ -1,4 +1,4 @@
-"""The local BigQuery emulator: set-up, lifecycle and the idempotency behaviours the platform relies on."""
+"""The local BigQuery bigquery_emulator: set-up, lifecycle and the idempotency behaviours the platform relies on."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import io
 import os
 import socket
 import uuid
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -17,7 +16,6 @@ from google.cloud import bigquery
 
 from resources.bigquery_emulator import (
     BigQueryEmulator,
-    BigQueryEmulatorUnavailable,
     ensure_bigquery_emulator_env,
     start_bigquery_emulator,
 )
@@ -28,45 +26,18 @@ SCHEMA = [bigquery.SchemaField("id", "INT64", mode="REQUIRED"), bigquery.SchemaF
 ROWS = [{"id": 1, "v": "a"}, {"id": 2, "v": "b"}]
 
 
-def required(set_up: Callable[[], T]) -> T:
-    """Run `set_up`; only a missing Python 3.13 skips, and under CI=true even that fails. Other errors fail."""
-    try:
-        return set_up()
-    except BigQueryEmulatorUnavailable as missing:
-        reason = str(missing)
-    if IN_CI:
-        pytest.fail(f"required under CI=true: {reason}", pytrace=False)
-    pytest.skip(reason)
-
-
-@pytest.fixture(scope="module")
-def emulator() -> Iterator[BigQueryEmulator]:
-    running = required(start_bigquery_emulator)
-    try:
-        yield running
-    finally:
-        running.stop()
-
-
-@pytest.fixture(scope="module")
-def client(emulator: BigQueryEmulator) -> Iterator[bigquery.Client]:
-    bq = emulator.client()
-    yield bq
-    bq.close()
-
-
 @pytest.fixture
-def dataset(client: bigquery.Client) -> str:
+def dataset(bigquery_client: bigquery.Client) -> str:
     """A new, empty dataset for one test."""
-    return client.create_dataset(f"test_{uuid.uuid4().hex[:12]}").dataset_id
+    return bigquery_client.create_dataset(f"test_{uuid.uuid4().hex[:12]}").dataset_id
 
 
-def new_table(client: bigquery.Client, dataset: str, name: str = "t") -> bigquery.Table:
-    return client.create_table(bigquery.Table(f"{client.project}.{dataset}.{name}", schema=SCHEMA))
+def new_table(bigquery_client: bigquery.Client, dataset: str, name: str = "t") -> bigquery.Table:
+    return bigquery_client.create_table(bigquery.Table(f"{bigquery_client.project}.{dataset}.{name}", schema=SCHEMA))
 
 
-def rows(client: bigquery.Client, table: bigquery.Table) -> list[tuple[Any, ...]]:
-    return sorted(tuple(row.values()) for row in client.query_and_wait(f"SELECT id, v FROM `{table}`"))
+def rows(bigquery_client: bigquery.Client, table: bigquery.Table) -> list[tuple[Any, ...]]:
+    return sorted(tuple(row.values()) for row in bigquery_client.query_and_wait(f"SELECT id, v FROM `{table}`"))
 
 
 def listening_addresses(port: int) -> set[str]:
@@ -84,8 +55,8 @@ def listening_addresses(port: int) -> set[str]:
     return found
 
 
-def test_environment_set_up_is_stamped() -> None:
-    venv = required(ensure_bigquery_emulator_env)
+def test_environment_set_up_is_stamped(bigquery_emulator: BigQueryEmulator) -> None:
+    venv = ensure_bigquery_emulator_env()
     assert ensure_bigquery_emulator_env() == venv
     assert (venv / "bin" / "local-bigquery").is_file()
     extensions = venv / "duckdb-home" / ".duckdb" / "extensions" / "v1.5.5" / "linux_amd64"
@@ -94,28 +65,28 @@ def test_environment_set_up_is_stamped() -> None:
     ]
 
 
-def test_dataset_and_table_are_created(client: bigquery.Client, dataset: str) -> None:
-    table = new_table(client, dataset)
+def test_dataset_and_table_are_created(bigquery_client: bigquery.Client, dataset: str) -> None:
+    table = new_table(bigquery_client, dataset)
 
-    fetched = client.get_table(f"{dataset}.t")
+    fetched = bigquery_client.get_table(f"{dataset}.t")
     assert [(field.name, field.field_type, field.mode) for field in fetched.schema] == [
         ("id", "INTEGER", "REQUIRED"), ("v", "STRING", "NULLABLE"),
     ]
-    assert [item.table_id for item in client.list_tables(dataset)] == ["t"]
-    assert dataset in {item.dataset_id for item in client.list_datasets()}
-    assert rows(client, table) == []
+    assert [item.table_id for item in bigquery_client.list_tables(dataset)] == ["t"]
+    assert dataset in {item.dataset_id for item in bigquery_client.list_datasets()}
+    assert rows(bigquery_client, table) == []
 
 
-def test_insert_ids_deduplicate_a_retried_insert(client: bigquery.Client, dataset: str) -> None:
-    table = new_table(client, dataset)
+def test_insert_ids_deduplicate_a_retried_insert(bigquery_client: bigquery.Client, dataset: str) -> None:
+    table = new_table(bigquery_client, dataset)
 
-    assert client.insert_rows_json(table, ROWS, row_ids=["r1", "r2"]) == []
-    assert client.insert_rows_json(table, ROWS, row_ids=["r1", "r2"]) == []
-    assert rows(client, table) == [(1, "a"), (2, "b")]
+    assert bigquery_client.insert_rows_json(table, ROWS, row_ids=["r1", "r2"]) == []
+    assert bigquery_client.insert_rows_json(table, ROWS, row_ids=["r1", "r2"]) == []
+    assert rows(bigquery_client, table) == [(1, "a"), (2, "b")]
 
     # Deduplication is by insert id, not by content: the same row under a new id is a new row.
-    assert client.insert_rows_json(table, ROWS[:1], row_ids=["r3"]) == []
-    assert rows(client, table) == [(1, "a"), (1, "a"), (2, "b")]
+    assert bigquery_client.insert_rows_json(table, ROWS[:1], row_ids=["r3"]) == []
+    assert rows(bigquery_client, table) == [(1, "a"), (1, "a"), (2, "b")]
 
 
 @pytest.mark.parametrize(
@@ -126,41 +97,41 @@ def test_insert_ids_deduplicate_a_retried_insert(client: bigquery.Client, datase
     ],
 )
 def test_reused_load_job_id_conflicts(
-    client: bigquery.Client, dataset: str, source_format: str, payload: bytes
+    bigquery_client: bigquery.Client, dataset: str, source_format: str, payload: bytes
 ) -> None:
-    table = new_table(client, dataset)
+    table = new_table(bigquery_client, dataset)
     config = bigquery.LoadJobConfig(source_format=source_format, schema=SCHEMA)
     job_id = f"load-{uuid.uuid4().hex}"
 
-    first = client.load_table_from_file(io.BytesIO(payload), table, job_id=job_id, job_config=config)
+    first = bigquery_client.load_table_from_file(io.BytesIO(payload), table, job_id=job_id, job_config=config)
     first.result()
     assert first.output_rows == 2
     with pytest.raises(Conflict):
-        client.load_table_from_file(io.BytesIO(payload), table, job_id=job_id, job_config=config).result()
+        bigquery_client.load_table_from_file(io.BytesIO(payload), table, job_id=job_id, job_config=config).result()
 
-    assert rows(client, table) == [(1, "a"), (2, "b")]
-    kept = client.get_job(job_id)
+    assert rows(bigquery_client, table) == [(1, "a"), (2, "b")]
+    kept = bigquery_client.get_job(job_id)
     assert (kept.job_type, kept.state, kept.output_rows) == ("load", "DONE", 2)
 
 
-def test_reused_query_job_id_conflicts(client: bigquery.Client, dataset: str) -> None:
-    table = new_table(client, dataset)
+def test_reused_query_job_id_conflicts(bigquery_client: bigquery.Client, dataset: str) -> None:
+    table = new_table(bigquery_client, dataset)
     statement = f"INSERT INTO `{table}` (id, v) VALUES (1, 'a'), (2, 'b')"
     job_id = f"query-{uuid.uuid4().hex}"
 
-    first = client.query(statement, job_id=job_id, job_retry=None)
+    first = bigquery_client.query(statement, job_id=job_id, job_retry=None)
     first.result()
     assert first.num_dml_affected_rows == 2
     with pytest.raises(Conflict):
-        client.query(statement, job_id=job_id, job_retry=None).result()
+        bigquery_client.query(statement, job_id=job_id, job_retry=None).result()
 
-    assert rows(client, table) == [(1, "a"), (2, "b")]
-    assert client.get_job(job_id).state == "DONE"
+    assert rows(bigquery_client, table) == [(1, "a"), (2, "b")]
+    assert bigquery_client.get_job(job_id).state == "DONE"
 
 
-def test_merge_upserts_and_is_idempotent(client: bigquery.Client, dataset: str) -> None:
-    table = new_table(client, dataset)
-    assert client.insert_rows_json(table, ROWS) == []
+def test_merge_upserts_and_is_idempotent(bigquery_client: bigquery.Client, dataset: str) -> None:
+    table = new_table(bigquery_client, dataset)
+    assert bigquery_client.insert_rows_json(table, ROWS) == []
     merge = f"""
         MERGE `{table}` AS target
         USING (SELECT 2 AS id, 'B' AS v UNION ALL SELECT 3, 'c') AS source
@@ -169,28 +140,28 @@ def test_merge_upserts_and_is_idempotent(client: bigquery.Client, dataset: str) 
         WHEN NOT MATCHED THEN INSERT (id, v) VALUES (source.id, source.v)
     """
 
-    first = client.query(merge)
+    first = bigquery_client.query(merge)
     first.result()
     assert first.num_dml_affected_rows == 2
-    assert rows(client, table) == [(1, "a"), (2, "B"), (3, "c")]
+    assert rows(bigquery_client, table) == [(1, "a"), (2, "B"), (3, "c")]
 
-    client.query_and_wait(merge)
-    assert rows(client, table) == [(1, "a"), (2, "B"), (3, "c")]
+    bigquery_client.query_and_wait(merge)
+    assert rows(bigquery_client, table) == [(1, "a"), (2, "B"), (3, "c")]
 
 
 def test_bigquery_emulator_host_variable_reaches_the_emulator(
-    emulator: BigQueryEmulator, dataset: str, monkeypatch: pytest.MonkeyPatch
+    bigquery_emulator: BigQueryEmulator, dataset: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("BIGQUERY_EMULATOR_HOST", emulator.endpoint)
-    plain = bigquery.Client(project=emulator.project, credentials=AnonymousCredentials())
+    monkeypatch.setenv("BIGQUERY_EMULATOR_HOST", bigquery_emulator.endpoint)
+    plain = bigquery.Client(project=bigquery_emulator.project, credentials=AnonymousCredentials())
     try:
         assert dataset in {item.dataset_id for item in plain.list_datasets()}
     finally:
         plain.close()
 
 
-def test_serves_on_loopback_only_and_stop_ends_the_process_group() -> None:
-    running = required(start_bigquery_emulator)
+def test_serves_on_loopback_only_and_stop_ends_the_process_group(bigquery_emulator: BigQueryEmulator) -> None:
+    running = start_bigquery_emulator()  # a second one of its own, to stop
     try:
         assert listening_addresses(running.port) == {"127.0.0.1"}
         assert listening_addresses(running.grpc_port) <= {"127.0.0.1", "::ffff:127.0.0.1"}

@@ -1,0 +1,228 @@
+"""Publish: a closed window's pane becomes a commit sequence, written before any side effect happens.
+
+`publish_pane` takes the pane's rows as plain values, writes them to the file sink as temp files (newline-delimited
+JSON, sharded, each with its sha256), then writes the commit sequence that finalizes them: a `FileFinalize` per
+shard, a `BigQueryLoad` if a BigQuery target is configured, and a `HighWatermark` last. Nothing outside the
+platform can see any of it until `run_sequence` runs the steps.
+
+File sink layout (final names are a pure function of asset, window, pane and shard, never of row contents)::
+
+    <sink_root>/<asset>/window=<window key>/pane=<pane>/part-00000.jsonl
+
+Every pane keeps its own directory; the newest pane of a window is its current result (a refired late pane
+supersedes the on-time one). The bytes are deterministic too: rows are rendered canonically and sorted, so
+publishing the same pane twice yields the same files and the same checksums.
+
+A crash between writing the temp files and writing the sequence leaves hidden temp files
+(`.part-00000.jsonl.<token>.tmp`) that no sequence refers to; publishing again writes new ones.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+from decimal import Decimal, localcontext
+from typing import TYPE_CHECKING, Any
+
+from jobs.commit_steps import (
+    SUMMABLE_TYPES,
+    BigQueryLoad,
+    CommitSequence,
+    CommitStep,
+    FileFinalize,
+    HighWatermark,
+    sequence_id,
+    sha256_hex,
+)
+from resources.commit_store import DEFAULT_MAX_ATTEMPTS, CommitStore, asset_key_part
+from resources.faults import crash_point
+from resources.object_store import open_store
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from jobs.windows import Window
+
+WINDOW_SCHEMA: tuple[tuple[str, str], ...] = (
+    ("window_start", "TIMESTAMP"),
+    ("window_end", "TIMESTAMP"),
+    ("key", "STRING"),
+    ("count", "INT64"),
+    ("sum_value", "NUMERIC"),
+    ("raw_version", "INT64"),
+    ("pane", "INT64"),
+    ("timing", "STRING"),
+)
+"""The window table's columns (`windows/<asset>`) as BigQuery types: what a pane's rows hold by default."""
+
+
+@dataclass(frozen=True)
+class BigQueryTarget:
+    """The BigQuery table a windowed asset is published to; the dataset must exist, the table is created."""
+
+    project: str
+    dataset: str
+    table: str
+
+
+@dataclass(frozen=True)
+class PublishedPane:
+    """The sequence that publishes a pane; `created` is False when an earlier publish of the pane wrote it."""
+
+    sequence: CommitSequence
+    created: bool
+
+
+def pane_prefix(asset: str, window_key: str, pane: int) -> str:
+    """The file sink directory of a pane, relative to the sink root."""
+    return f"{asset_key_part(asset)}/window={window_key}/pane={pane}"
+
+
+def publish_pane(
+    store: CommitStore,
+    *,
+    asset: str,
+    window: Window,
+    pane: int,
+    rows: Iterable[Mapping[str, Any]] | pa.Table,
+    sink_root: str,
+    bigquery: BigQueryTarget | None = None,
+    schema: Sequence[tuple[str, str]] = WINDOW_SCHEMA,
+    rows_per_shard: int = 100_000,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+) -> PublishedPane:
+    """Write pane `pane` of `window` as temp files plus the commit sequence that publishes them.
+
+    `rows` are the pane's rows (dicts, or a pyarrow table) with exactly the columns of `schema`; TIMESTAMP values
+    must be timezone-aware datetimes, NUMERIC values `Decimal` or `int`. If the schema has `window_start` and
+    `pane` columns, every row must belong to this window and pane. `window` needs only `start_ms`, `end_ms` and
+    `key` (a `jobs.windows.Window`). Only final panes are published: `pane` must be at least 1.
+
+    If the pane's sequence exists already, it stands and nothing is written. Otherwise, once the sequence is
+    written, `crash_point("commit.after_write_sequence")` is passed and the caller (or the commit sensor, if the
+    caller dies) runs it with `run_sequence`.
+    """
+    if pane < 1:
+        raise ValueError(f"only final panes (1, 2, ...) are published, not pane {pane}")
+    if rows_per_shard < 1:
+        raise ValueError(f"rows_per_shard must be at least 1, got {rows_per_shard}")
+    seq_id = sequence_id(asset, window.key, pane)
+    existing = store.get(seq_id)
+    if existing is not None:
+        return PublishedPane(CommitSequence.from_record(existing), False)
+
+    schema = tuple((name, kind.upper()) for name, kind in schema)
+    lines = sorted(_render(row, schema, window, pane) for row in _row_dicts(rows))
+    shards = [lines[i : i + rows_per_shard] for i in range(0, len(lines), rows_per_shard)] or [[]]
+    sink = open_store(sink_root)
+    prefix = pane_prefix(asset, window.key, pane)
+    token = uuid.uuid4().hex[:12]
+    finalizes: list[FileFinalize] = []
+    for shard, shard_lines in enumerate(shards):
+        data = b"".join(line + b"\n" for line in shard_lines)
+        step = FileFinalize(
+            root=sink_root,
+            temp_key=f"{prefix}/.part-{shard:05d}.jsonl.{token}.tmp",
+            final_key=f"{prefix}/part-{shard:05d}.jsonl",
+            sha256=sha256_hex(data),
+        )
+        sink.write(step.temp_key, data)
+        finalizes.append(step)
+
+    steps: list[CommitStep] = list(finalizes)
+    if bigquery is not None:
+        steps.append(
+            BigQueryLoad(
+                project=bigquery.project,
+                dataset=bigquery.dataset,
+                table=bigquery.table,
+                asset=asset,
+                window_key=window.key,
+                window_start_ms=window.start_ms,
+                pane=pane,
+                files_root=sink_root,
+                files=tuple((f.final_key, f.sha256) for f in finalizes),
+                schema=schema,
+                expected_rows=len(lines),
+                expected_sums=_sums(lines, schema),
+            )
+        )
+    steps.append(HighWatermark(asset, window.end_ms))
+
+    sequence, created = CommitSequence(seq_id, tuple(steps), max_attempts).write(store)
+    if not created:
+        for step in finalizes:  # a concurrent publisher's sequence stands, with its own temp files
+            sink.delete(step.temp_key)
+        return PublishedPane(sequence, False)
+    crash_point("commit.after_write_sequence")
+    return PublishedPane(sequence, True)
+
+
+def _row_dicts(rows: Iterable[Mapping[str, Any]] | pa.Table) -> Iterable[Mapping[str, Any]]:
+    to_pylist = getattr(rows, "to_pylist", None)
+    return to_pylist() if callable(to_pylist) else rows
+
+
+def _render(row: Mapping[str, Any], schema: tuple[tuple[str, str], ...], window: Window, pane: int) -> bytes:
+    """One row as canonical JSON: columns in schema order, values in the form BigQuery loads losslessly."""
+    names = [name for name, _ in schema]
+    if set(row) != set(names):
+        raise ValueError(f"row columns {sorted(row)} differ from the schema's {names}")
+    values = {name: _json_value(name, row[name], kind) for name, kind in schema}
+    if "window_start" in values and values["window_start"] != _timestamp("window_start", window.start_ms):
+        raise ValueError(f"row {values} is not in window {window.key}")
+    if "pane" in values and values["pane"] != pane:
+        raise ValueError(f"row {values} is not in pane {pane}")
+    return json.dumps(values, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _timestamp(name: str, value: datetime | int) -> str:
+    if isinstance(value, int):
+        value = datetime.fromtimestamp(value / 1000, UTC)
+    if value.tzinfo is None:
+        raise ValueError(f"column {name}: TIMESTAMP values must be timezone-aware, got {value!r}")
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+_SCALE = {"NUMERIC": 9, "BIGNUMERIC": 38}  # BigQuery would round finer values, and the checksums would differ
+
+
+def _json_value(name: str, value: Any, kind: str) -> Any:
+    if value is None:
+        return None
+    if kind == "TIMESTAMP" and isinstance(value, datetime):
+        return _timestamp(name, value)
+    if kind in ("NUMERIC", "BIGNUMERIC") and isinstance(value, Decimal | int) and not isinstance(value, bool):
+        exponent = Decimal(value).as_tuple().exponent
+        if not isinstance(exponent, int) or -exponent > _SCALE[kind]:
+            raise ValueError(f"column {name}: {value!r} has more than {_SCALE[kind]} decimal places ({kind})")
+        return format(Decimal(value), "f")  # a string: JSON numbers would go through binary floating point
+    if kind in ("INT64", "INTEGER") and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if kind in ("FLOAT64", "FLOAT") and isinstance(value, float | int) and not isinstance(value, bool):
+        return float(value)
+    if kind in ("BOOL", "BOOLEAN") and isinstance(value, bool):
+        return value
+    if kind == "STRING" and isinstance(value, str):
+        return value
+    if kind == "DATE" and isinstance(value, date) and not isinstance(value, datetime):
+        return value.isoformat()
+    if kind == "DATETIME" and isinstance(value, datetime) and value.tzinfo is None:
+        return value.isoformat()
+    raise ValueError(f"column {name}: {type(value).__name__} value {value!r} does not fit BigQuery type {kind}")
+
+
+def _sums(lines: list[bytes], schema: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str | None], ...]:
+    """Exact sums of the integer and decimal columns: with the row count, what `BigQueryLoad.verify` checks."""
+    rows = [json.loads(line) for line in lines]
+    sums = []
+    for name, kind in schema:
+        if kind in SUMMABLE_TYPES:
+            values = [Decimal(str(row[name])) for row in rows if row[name] is not None]
+            with localcontext(prec=200):  # the default 28 digits would round sums of NUMERIC(38, 9) values
+                total = sum(values, Decimal(0))
+            sums.append((name, format(total, "f") if values else None))
+    return tuple(sums)
