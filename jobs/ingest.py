@@ -68,10 +68,14 @@ class IngestResult:
         return self.received == self.inserted + self.duplicates + self.dead_lettered_total
 
 
-def ensure_tables(spark: SparkSession, raw_path: str, dead_letter_path: str) -> None:
+def ensure_raw_table(spark: SparkSession, raw_path: str) -> None:
     spark.sql(
         f"CREATE TABLE IF NOT EXISTS delta.`{raw_path}` ({RAW_COLUMNS}) USING delta PARTITIONED BY (time_bucket)"
     )
+
+
+def ensure_tables(spark: SparkSession, raw_path: str, dead_letter_path: str) -> None:
+    ensure_raw_table(spark, raw_path)
     spark.sql(f"CREATE TABLE IF NOT EXISTS delta.`{dead_letter_path}` ({DEAD_LETTER_COLUMNS}) USING delta")
 
 

@@ -23,7 +23,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from jobs.delta_txn import latest_version
-from jobs.ingest import BUCKET_FORMAT
+from jobs.ingest import BUCKET_FORMAT, ensure_raw_table
 from jobs.pipeline import Pipeline
 from resources.faults import crash_point
 from resources.object_store import ObjectStore
@@ -158,6 +158,9 @@ def materialize_windows(
     windows_path: str,
 ) -> list[WindowResult]:
     """Compute each window's current pane and MERGE them all into the window table (see the module docstring)."""
+    if not windows:
+        return []
+    ensure_raw_table(spark, raw_path)  # a window materialized before any data is simply empty
     ensure_windows_table(spark, windows_path)
     latest = latest_version(spark, raw_path)
     lateness_ms = pipeline.allowed_lateness_s * 1000

@@ -145,3 +145,19 @@ def test_a_stale_early_pane_never_overwrites_the_final_pane(spark: SparkSession,
     assert json.loads((home / "checkpoints" / "event_counts" / "closes" / f"{base:015d}" / "pane-0001.json").read_text())[
         "raw_version"
     ] >= 1
+
+
+def test_a_window_materialized_before_any_data_is_empty(spark: SparkSession, tmp_path: Path, home: Path) -> None:
+    pipeline = file_pipeline(tmp_path / "in")
+    lake = LakeResource(home=str(home))
+    base = minute_base()
+    window = Window(base, base + 60_000)
+    closes = CloseStore(lake.checkpoints(), pipeline.window_asset)
+
+    (result,) = materialize_windows(
+        spark, pipeline, [window], window.end_ms + LATENESS_MS, closes,
+        lake.table_path(pipeline.raw_table), lake.table_path(pipeline.windows_table),
+    )
+
+    assert (result.pane, result.timing, result.records, result.keys, result.late) == (1, "on_time", 0, 0, 0)
+    assert read_rows(lake.table_path(pipeline.windows_table), WINDOW_ROWS) == []
