@@ -12,6 +12,7 @@ from pathlib import Path
 
 from resources.delta_jars import ensure_delta_jars
 from resources.lake import onceflow_home
+from resources.processes import stop_process_group
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -54,13 +55,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
         return 0
     finally:
         # dagster dev shuts its webserver, daemon and code servers down on SIGINT (Ctrl-C), not on SIGTERM.
-        for sig in (signal.SIGINT, signal.SIGKILL):
-            try:
-                os.killpg(dev.pid, sig)
-                dev.wait(timeout=30)
-                break
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                continue
+        stop_process_group(dev, (signal.SIGINT, signal.SIGKILL), timeout_s=30)
         if emulator is not None:
             emulator.stop()
 

@@ -19,7 +19,6 @@ import fcntl
 import hashlib
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -29,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
+from resources.processes import stop_process_group
 from resources.pubsub_emulator import free_port
 
 if TYPE_CHECKING:
@@ -208,16 +208,7 @@ class BigQueryEmulator:
 
     def stop(self) -> None:
         """Stop the server (SIGTERM to its process group, SIGKILL after 15 s), then delete `work_dir`; idempotent."""
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(self.process.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                self.process.wait(timeout=15)
-                break
-            except subprocess.TimeoutExpired:
-                continue
+        stop_process_group(self.process)
         shutil.rmtree(self.work_dir, ignore_errors=True)
 
 

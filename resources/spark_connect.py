@@ -8,7 +8,6 @@ pyspark wheel in its own process group on a loopback port and is stopped by sign
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 import pyspark
 
 from resources.delta_jars import ensure_delta_jars
+from resources.processes import stop_process_group
 from resources.pubsub_emulator import free_port
 from resources.spark import DELTA_CONF, SMALL_MACHINE_CONF
 
@@ -36,16 +36,7 @@ class SparkConnectServer:
         return f"sc://127.0.0.1:{self.port}"
 
     def stop(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(self.process.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                self.process.wait(timeout=15)
-                return
-            except subprocess.TimeoutExpired:
-                continue
+        stop_process_group(self.process)
 
 
 def start_spark_connect_server(

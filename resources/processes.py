@@ -1,0 +1,30 @@
+"""Stopping the local servers onceflow starts (emulators, Spark Connect, dagster dev), children included."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Sequence
+
+
+def stop_process_group(
+    process: subprocess.Popen[bytes],
+    signals: Sequence[signal.Signals] = (signal.SIGTERM, signal.SIGKILL),
+    timeout_s: float = 15.0,
+) -> None:
+    """Signal the process group `process` leads (started with `start_new_session=True`) until it exits.
+
+    Each signal in turn gets `timeout_s` to work; signalling the group, not the process, reaches the children a
+    wrapper script or supervisor starts. Idempotent: a group that is gone already is left alone.
+    """
+    for sig in signals:
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=timeout_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
