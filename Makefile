@@ -21,6 +21,7 @@ demo: setup
 
 test: setup
 	$(BIN)/ruff check .
+	command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) || echo "no chromium: tests/test_ui.py skips (fails under CI=true)"
 	$(BIN)/pytest
 
 dev: setup

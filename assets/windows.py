@@ -1,7 +1,9 @@
 """The window asset of a pipeline (`event_counts` for `events`): one partition per event-time window.
 
 Materializing a partition computes that window's current pane (early before the window closes, final after) and
-MERGEs it into `windows/<asset>`; a backfill over a range runs as one run. The asset checks reconcile the window
+MERGEs it into `windows/<asset>`; a backfill over a range runs as one run. A final pane, once committed, is
+published: its commit sequence (file sink, BigQuery when configured, high watermark) is written ahead, then run
+once by this run; what this run leaves unfinished, `commit_sensor` finishes. The asset checks reconcile the window
 table against the raw table at the pinned version, and the raw table against itself for duplicate record IDs.
 """
 
@@ -12,17 +14,22 @@ from typing import Any
 import dagster as dg
 from pyspark.sql import SparkSession
 
+from jobs.commit_steps import run_sequence
+from jobs.finalize_job import commit_context
 from jobs.ingest_job import raw_asset_key
 from jobs.micro_batch import source_watermark_ms
 from jobs.pipeline import Pipeline
+from jobs.publish import BigQueryTarget, publish_pane
 from jobs.windows import (
     PARTITION_FORMAT,
     CloseStore,
     Window,
     WindowResult,
     materialize_windows,
+    pane_rows,
     rows_per_window,
 )
+from resources.bigquery import BigQueryResource
 from resources.checkpoint import CheckpointStore
 from resources.lake import LakeResource
 from resources.spark import SparkResource
@@ -86,6 +93,54 @@ def duplicate_record_ids(spark: SparkSession, raw_path: str, pipeline: Pipeline,
     return int(row["d"])
 
 
+def bigquery_target(pipeline: Pipeline, bigquery: BigQueryResource) -> BigQueryTarget | None:
+    """Where the pipeline's windows go in BigQuery (table named after the asset), None when BigQuery is off."""
+    if bigquery.dataset is None:
+        return None
+    bigquery.ensure_dataset()
+    with bigquery.get_client() as client:
+        project = client.project
+    return BigQueryTarget(project, bigquery.dataset, pipeline.window_asset.replace("/", "_"))
+
+
+def publish_closed(
+    context: dg.AssetExecutionContext,
+    session: SparkSession,
+    pipeline: Pipeline,
+    lake: LakeResource,
+    bigquery: BigQueryResource,
+    results: list[WindowResult],
+) -> dict[str, str]:
+    """Publish the final pane of every closed window in `results`; the outcome per window key.
+
+    A failed publication does not fail the materialization (the window table is committed): the sequence stays
+    pending and `commit_sensor` launches the next attempt.
+    """
+    closed = [r for r in results if r.closed]
+    if not closed:
+        return {}
+    ctx = commit_context(lake, bigquery)
+    target = bigquery_target(pipeline, bigquery)
+    windows_path = lake.table_path(pipeline.windows_table)
+    run = context.run
+    outcomes = {}
+    for result in closed:
+        published = publish_pane(
+            ctx.store,
+            asset=pipeline.window_asset,
+            window=result.window,
+            pane=result.pane,
+            rows=pane_rows(session, windows_path, result.window, result.pane),
+            sink_root=lake.sink_root(),
+            bigquery=target,
+        )
+        commit = run_sequence(ctx, published.sequence.id, run.run_id, run.root_run_id or run.run_id)
+        outcomes[result.window.key] = commit.outcome
+        if commit.error:
+            context.log.warning(f"{published.sequence.id}: {commit.error}; commit_sensor will retry it")
+    return outcomes
+
+
 def build_window_asset(pipeline: Pipeline, start: str | None = None) -> dg.AssetsDefinition:
     key = dg.AssetKey(pipeline.window_asset)
 
@@ -111,7 +166,9 @@ def build_window_asset(pipeline: Pipeline, start: str | None = None) -> dg.Asset
             ),
         ],
     )
-    def window_asset(context: dg.AssetExecutionContext, spark: SparkResource, lake: LakeResource):
+    def window_asset(
+        context: dg.AssetExecutionContext, spark: SparkResource, lake: LakeResource, bigquery: BigQueryResource
+    ):
         session = spark.get_session()
         raw_path, windows_path = lake.table_path(pipeline.raw_table), lake.table_path(pipeline.windows_table)
         watermark = source_watermark_ms(CheckpointStore(lake.checkpoints(), pipeline.source_id).load())
@@ -124,6 +181,7 @@ def build_window_asset(pipeline: Pipeline, start: str | None = None) -> dg.Asset
                 f"{result.raw_version}: {result.records} records, {result.keys} keys, {result.late} late"
             )
 
+        published = publish_closed(context, session, pipeline, lake, bigquery, results)
         in_table = window_table_counts(session, windows_path, windows)
         at_close: dict[Window, int] = {}
         for version in {r.raw_version for r in results}:
@@ -134,12 +192,14 @@ def build_window_asset(pipeline: Pipeline, start: str | None = None) -> dg.Asset
         duplicates = duplicate_record_ids(session, raw_path, pipeline, watermark)
         if len(results) == 1:
             metadata = window_metadata(results[0])
+            metadata["published"] = published.get(results[0].window.key, "not closed")
         else:
             metadata = {
                 "windows": len(results),
                 "records": sum(r.records for r in results),
                 "late_records": sum(r.late for r in results),
                 "closed_windows": sum(r.closed for r in results),
+                "published_windows": sum(o in ("done", "already_done") for o in published.values()),
             }
         yield dg.MaterializeResult(metadata=metadata)
         yield dg.AssetCheckResult(

@@ -73,6 +73,11 @@ def sequence_id(asset: str, window_key: str, pane: int) -> str:
     return checked_sequence_id(f"{asset_key_part(asset)}:{window_key}:pane-{pane}")
 
 
+def sequence_asset(seq_id: str) -> str:
+    """The asset a sequence made by `sequence_id` publishes (`event_counts`, `team/event_counts`)."""
+    return checked_sequence_id(seq_id).split(":", 1)[0].replace(".", "/")
+
+
 @dataclass(frozen=True)
 class CommitContext:
     """What steps need at run time, as opposed to what they are (their parameters, stored in the sequence).

@@ -20,6 +20,11 @@ def raw_asset_key(pipeline: Pipeline) -> dg.AssetKey:
     return dg.AssetKey(f"raw_{pipeline.name}")
 
 
+def source_tag(pipeline: Pipeline) -> dict[str, str]:
+    """The tag on every micro-batch run of the pipeline's source."""
+    return {"onceflow/source": pipeline.source_id}
+
+
 def source_pool(pipeline: Pipeline) -> str:
     """One micro-batch of a source in flight at a time: batches commit in order."""
     return f"onceflow_source_{pipeline.name}"
@@ -68,7 +73,7 @@ def build_ingest_job(pipeline: Pipeline) -> dg.JobDefinition:
     @dg.job(
         name=f"ingest_{pipeline.name}",
         description=f"One land + ingest micro-batch of `{pipeline.source_id}` into `{pipeline.raw_table}`.",
-        tags={"onceflow/source": pipeline.source_id},
+        tags=source_tag(pipeline),
     )
     def ingest() -> None:
         micro_batch()

@@ -166,6 +166,11 @@ def advance_checkpoint(
     checkpoint.watermark = watermark
     if result.max_event_time_ms is not None:
         checkpoint.max_event_time_ms = max(checkpoint.max_event_time_ms or 0, result.max_event_time_ms)
+    if result.min_event_time_ms is not None:
+        checkpoint.min_event_time_ms = min(checkpoint.min_event_time_ms or result.min_event_time_ms,
+                                           result.min_event_time_ms)
+        recent = [*checkpoint.recent_batches, (plan.batch_id, result.min_event_time_ms)]
+        checkpoint.recent_batches = recent[-SourceCheckpoint.RECENT_BATCHES :]
     checkpoint.taken_files.update({f.path: f for f in plan.files})
     for name, count in (
         ("received", result.received),

@@ -19,6 +19,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 
+import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
@@ -86,6 +87,11 @@ class CloseStore:
             return None
         data = self.store.read(keys[-1])
         return PaneClose(**json.loads(data)) if data else None
+
+    def windows(self, window_s: int) -> list[Window]:
+        """Every window with a close, oldest first."""
+        starts = sorted({int(k.split("/")[-2]) for k in self.store.list(f"{self.asset}/closes/")})
+        return [Window(start, start + window_s * 1000) for start in starts]
 
     def close(self, window: Window, close: PaneClose) -> PaneClose:
         """Record `close` unless that pane was closed already; return the close that stands."""
@@ -269,3 +275,18 @@ def _merge_panes(
     finally:
         result.unpersist()
     return {w: totals.get(w.start_ms, (0, 0)) for w in panes}
+
+
+def pane_rows(spark: SparkSession, windows_path: str, window: Window, pane: int) -> pa.Table:
+    """The rows of `window` in the window table, which must hold pane `pane` (or nothing: an empty pane).
+
+    Raises `RuntimeError` if the table holds another pane of the window, e.g. a newer one merged by a concurrent
+    run: publishing reads exactly the pane it was asked to publish.
+    """
+    table = spark.sql(
+        f"SELECT * FROM delta.`{windows_path}` WHERE window_start = timestamp_millis({window.start_ms})"
+    ).toArrow()
+    found = set(table.column("pane").to_pylist())
+    if found - {pane}:
+        raise RuntimeError(f"window {window.key} holds panes {sorted(found)} in {windows_path}, not pane {pane}")
+    return table

@@ -54,11 +54,16 @@ class SourceCheckpoint:
     """The durable position of a source after its last committed batch."""
 
     committed_batch: int = 0
+    min_event_time_ms: int | None = None
     max_event_time_ms: int | None = None
+    # (batch id, smallest event time) of the newest batches: where late data may have landed (window sensor).
+    recent_batches: list[tuple[int, int]] = field(default_factory=list)
     taken_files: dict[str, FileEntry] = field(default_factory=dict)
     totals: dict[str, int] = field(default_factory=dict)
     watermark: dict[str, Any] = field(default_factory=dict)
     updated_at_ms: int | None = None
+
+    RECENT_BATCHES = 256
 
     @property
     def next_batch(self) -> int:
@@ -71,6 +76,7 @@ class SourceCheckpoint:
     def from_json(cls, data: bytes) -> SourceCheckpoint:
         raw = json.loads(data)
         raw["taken_files"] = {k: FileEntry(**v) for k, v in raw.get("taken_files", {}).items()}
+        raw["recent_batches"] = [tuple(b) for b in raw.get("recent_batches", [])]
         return cls(**raw)
 
 

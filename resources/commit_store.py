@@ -330,6 +330,35 @@ class CommitStore:
             self.store.create(f"done/{sequence_id}.json", json.dumps({"at_ms": finished}).encode())
         return state
 
+    def record_dead_run(self, sequence_id: str, run_id: str, root_run_id: str, error: str) -> SequenceState:
+        """Record, on behalf of run `run_id`, that it ended without reporting: its process died mid-attempt, or
+        before it could start one (then the attempt is recorded here, in its lineage). Fails the attempt like
+        `finish_attempt`, quarantining when the budget is used up. Idempotent; nothing changes on a sequence that
+        is not pending or for a run whose attempt has an outcome already.
+        """
+        now = self.clock()
+
+        def change(state: SequenceState) -> SequenceState:
+            if state.status != PENDING:
+                return state
+            attempts = list(state.attempts)
+            open_ = [i for i, a in enumerate(attempts) if a.run_id == run_id and a.outcome is None]
+            if open_:
+                attempts[open_[-1]] = replace(attempts[open_[-1]], finished_at_ms=now, outcome=FAILED, error=error)
+            elif any(a.run_id == run_id for a in attempts):
+                return state
+            else:
+                earlier = [a.number for a in attempts if a.root_run_id == root_run_id]
+                number = earlier[0] if earlier else state.next_attempt
+                attempts.append(Attempt(number, run_id, root_run_id, now, now, FAILED, error))
+            state = replace(state, attempts=tuple(attempts), last_error=error)
+            if state.attempts_used >= state.max_attempts:
+                reason = f"{state.attempts_used} of {state.max_attempts} attempts failed; last error: {error}"
+                return self._quarantined(state, reason)
+            return state
+
+        return self._update(sequence_id, change)
+
     def quarantine(self, sequence_id: str, reason: str) -> SequenceState:
         """Stop all attempts at a pending sequence until `rearm`. A done sequence stays done."""
         return self._update(

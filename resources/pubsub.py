@@ -93,6 +93,14 @@ class PubSubClient:
             for r in response.received_messages
         ]
 
+    def has_messages(self, subscription: str, timeout_s: float = 2.0) -> bool:
+        """Whether the subscription has a message to deliver: pull one and hand it straight back (ack deadline
+        0, so it is redelivered at once). Only a hint for scheduling; it changes no data."""
+        pulled = self.pull(subscription, 1, timeout_s)
+        if pulled:
+            self.modify_ack_deadline(subscription, [m.ack_id for m in pulled], 0)
+        return bool(pulled)
+
     @contextmanager
     def pull_batch(
         self, subscription: str, max_messages: int, max_seconds: float, ack_deadline_s: int = 60

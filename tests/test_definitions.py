@@ -37,6 +37,17 @@ def test_definitions_have_the_reference_pipeline() -> None:
     assert dg.AssetKey("raw_events") in counts.dependency_keys
 
 
+def test_definitions_have_the_sensors_the_finalize_job_and_the_quarantine_check() -> None:
+    sensors = {s.name: s for s in defs.sensors}
+    assert set(sensors) == {"events_micro_batch_sensor", "event_counts_window_sensor", "commit_sensor"}
+    assert all(s.default_status == dg.DefaultSensorStatus.RUNNING for s in sensors.values())
+    assert sensors["events_micro_batch_sensor"].job_name == "ingest_events"
+    finalize = defs.get_job_def("finalize_commits")
+    assert [node.name for node in finalize.nodes] == ["finalize_sequence"]
+    check_keys = {key for checks in defs.asset_checks for key in checks.check_keys}
+    assert dg.AssetCheckKey(dg.AssetKey("event_counts"), "commits_not_quarantined") in check_keys
+
+
 def test_workspace_validates() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "dagster", "definitions", "validate", "-w", str(ROOT / "workspace.yaml")],

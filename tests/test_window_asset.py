@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import uuid
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from google.cloud import bigquery
 from pyspark.sql import SparkSession
 
 from jobs.micro_batch import source_handles, source_watermark_ms
 from jobs.windows import CloseStore, Window, materialize_windows
 from orchestration.pipelines import events_pipeline
+from resources.commit_store import CommitStore
 from resources.lake import LakeResource
 from tests.delta_reader import read_rows
 from tests.pipelines import dagster_materialize, drain
@@ -46,10 +51,55 @@ def expected_table(base: int, on_time: list, closed: list[bool], indexes: range)
     return sorted(rows)
 
 
-def test_materializing_twice_and_backfilling_twice_leave_the_table_identical(ingested, home: Path) -> None:
+def published_rows(home: Path, window: Window) -> list[tuple]:
+    """(key, count, sum_value, pane) of a window's final pane in the file sink."""
+    files = sorted((home / "published" / "event_counts" / f"window={window.key}").glob("pane=*/part-*.jsonl"))
+    rows = [json.loads(line) for f in files for line in f.read_text().splitlines()]
+    return sorted((r["key"], r["count"], Decimal(r["sum_value"]), r["pane"]) for r in rows)
+
+
+def table_rows(windows_path: str, window: Window) -> list[tuple]:
+    return [
+        (key, count, total, pane)
+        for start, key, count, total, pane, _ in read_rows(windows_path, WINDOW_ROWS)
+        if int(start.timestamp() * 1000) == window.start_ms
+    ]
+
+
+def bigquery_rows(client: bigquery.Client, dataset: str, window: Window) -> list[tuple]:
+    sql = (f"SELECT key, count, sum_value, pane FROM `{client.project}.{dataset}.event_counts` "
+           f"WHERE window_start = TIMESTAMP_MILLIS({window.start_ms})")
+    return sorted(tuple(row.values()) for row in client.query_and_wait(sql))
+
+
+def assert_published(
+    home: Path, windows_path: str, windows: list[Window], closed: list[bool], client: bigquery.Client, dataset: str
+) -> None:
+    """Closed windows are published once, in files and BigQuery, exactly as the window table holds them; open
+    windows are not published at all."""
+    for window, is_closed in zip(windows, closed, strict=True):
+        expected = table_rows(windows_path, window) if is_closed else []
+        assert not is_closed or expected
+        assert published_rows(home, window) == expected
+        assert bigquery_rows(client, dataset, window) == expected
+    store = CommitStore(LakeResource(home=str(home)).commits())
+    assert store.unfinished() == [] and len(store.sequences()) == sum(closed)
+
+
+@pytest.fixture
+def dataset(bigquery_client: bigquery.Client) -> str:
+    return bigquery_client.create_dataset(f"test_{uuid.uuid4().hex[:12]}").dataset_id
+
+
+def test_materializing_twice_and_backfilling_twice_leave_the_table_identical(
+    ingested, home: Path, bigquery_client: bigquery.Client, dataset: str
+) -> None:
     pipeline, lake, base, on_time, windows, closed = ingested
     windows_path = lake.table_path(pipeline.windows_table)
-    settings = {"events_source": "files", "events_dir": str(Path(pipeline.source.directory))}
+    settings = {
+        "events_source": "files", "events_dir": str(Path(pipeline.source.directory)),
+        "bigquery_project": bigquery_client.project, "bigquery_dataset": dataset,
+    }
 
     for _ in range(2):
         run = dagster_materialize(str(home), windows[1].key, **settings)
@@ -66,18 +116,24 @@ def test_materializing_twice_and_backfilling_twice_leave_the_table_identical(ing
     assert backfills[0] == backfills[1]
     assert read_rows(windows_path, WINDOW_ROWS) == expected_table(base, on_time, closed, range(5))
     assert [r for r in backfills[0] if r in once] == once  # window 1 kept its pinned pane
+    assert_published(home, windows_path, windows, closed, bigquery_client, dataset)
 
 
-@pytest.mark.parametrize("crash_at", ["window.after_close", "window.after_merge"])
+@pytest.mark.parametrize(
+    "crash_at", ["window.after_close", "window.after_merge", "commit.after_write_sequence", "commit.after_step#2"]
+)
 def test_window_crash_then_rerun_gives_the_same_result(
-    ingested, spark: SparkSession, home: Path, crash_at: str
+    ingested, spark: SparkSession, home: Path, crash_at: str, bigquery_client: bigquery.Client, dataset: str
 ) -> None:
     pipeline, lake, base, on_time, windows, closed = ingested
     windows_path = lake.table_path(pipeline.windows_table)
-    settings = {"events_source": "files", "events_dir": str(Path(pipeline.source.directory))}
+    settings = {
+        "events_source": "files", "events_dir": str(Path(pipeline.source.directory)),
+        "bigquery_project": bigquery_client.project, "bigquery_dataset": dataset,
+    }
 
     crashed = dagster_materialize(str(home), windows[0].key, crash_at, **settings)
-    assert f"crash injected at {crash_at}" in crashed.stderr + crashed.stdout, crashed.stderr[-3000:]
+    assert f"crash injected at {crash_at.split('#')[0]}" in crashed.stderr + crashed.stdout, crashed.stderr[-3000:]
     closes = CloseStore(lake.checkpoints(), pipeline.window_asset)
     first_close = closes.latest(windows[0])
     assert first_close is not None and first_close.pane == 1  # the close was recorded before the crash
@@ -95,3 +151,4 @@ def test_window_crash_then_rerun_gives_the_same_result(
         spark, pipeline, [windows[0]], watermark, closes, lake.table_path(pipeline.raw_table), windows_path
     )
     assert read_rows(windows_path, ALL_COLUMNS) == before
+    assert_published(home, windows_path, windows[:1], closed[:1], bigquery_client, dataset)

@@ -1,0 +1,50 @@
+"""The Dagster job `finalize_commits`: drive one commit sequence to the end; what `commit_sensor` launches.
+
+Runs of this job are tagged with the sequence (`onceflow/commit_sequence`). A failed attempt fails the run, so
+Dagster's run retries (on in `dagster.yaml`) try again as the same attempt lineage (same root run id); the commit
+sensor starts a new lineage only after a lineage has finally failed.
+"""
+
+import dagster as dg
+
+from jobs.commit_steps import CommitContext, run_sequence
+from resources.bigquery import BigQueryResource
+from resources.commit_store import CommitStore
+from resources.lake import LakeResource
+
+FINALIZE_JOB = "finalize_commits"
+SEQUENCE_TAG = "onceflow/commit_sequence"
+COMMITS_POOL = "onceflow_commits"
+
+
+class FinalizeConfig(dg.Config):
+    sequence_id: str
+
+
+def commit_context(lake: LakeResource, bigquery: BigQueryResource) -> CommitContext:
+    """The runtime context of commit steps: the lake's commit store and BigQuery through the resource."""
+    return CommitContext(CommitStore(lake.commits()), bigquery=lambda _project: bigquery.get_client())
+
+
+def finalize_run_config(sequence_id: str) -> dict:
+    return {"ops": {"finalize_sequence": {"config": {"sequence_id": sequence_id}}}}
+
+
+@dg.op(pool=COMMITS_POOL)
+def finalize_sequence(
+    context: dg.OpExecutionContext, config: FinalizeConfig, lake: LakeResource, bigquery: BigQueryResource
+) -> None:
+    run = context.run
+    result = run_sequence(
+        commit_context(lake, bigquery), config.sequence_id, run.run_id, run.root_run_id or run.run_id
+    )
+    context.log.info(
+        f"commit sequence {result.sequence_id}: {result.outcome} (attempt {result.attempt}; executed steps "
+        f"{list(result.executed)}, found in effect {list(result.verified)})"
+    )
+    result.raise_on_failure()
+
+
+@dg.job(name=FINALIZE_JOB, description="Verify and redo the steps of one commit sequence until all are done.")
+def finalize_commits() -> None:
+    finalize_sequence()

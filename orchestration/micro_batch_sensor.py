@@ -1,0 +1,87 @@
+"""`<pipeline>_micro_batch_sensor` (`events_micro_batch_sensor`): requests the next micro-batch of a source.
+
+A batch is requested when the source has new data, or, with no new data, every `idle_tick_s` while some window
+is still open, so that an idle source's watermark advances and its last windows close. Never while a batch of
+the source is in flight (queued, running, or failed with a Dagster retry pending): batches commit in order, one
+at a time, which the source's concurrency pool enforces as well.
+
+Run keys are `<pipeline>:batch:<n>`, n the batch the source checkpoint expects next. A run that ended without
+committing batch n (it found no data, or failed for good) has used that key; the next request for n is then
+`<pipeline>:batch:<n>:<k>` (k = runs for n so far + 1), since Dagster never launches a run key twice. The cursor
+holds the last batch number requested and only grows.
+"""
+
+import json
+import os
+import time
+
+import dagster as dg
+
+from jobs.ingest_job import source_tag
+from jobs.micro_batch import source_watermark_ms
+from jobs.pipeline import FileSourceSpec, Pipeline
+from orchestration.runs import in_flight, runs_tagged
+from resources.checkpoint import CheckpointStore, SourceCheckpoint
+from resources.files import FileSource
+from resources.lake import LakeResource
+from resources.pubsub import PubSubResource
+
+BATCH_TAG = "onceflow/batch"
+
+
+def idle_tick_s() -> float:
+    return float(os.environ.get("ONCEFLOW_IDLE_TICK_S", "15"))
+
+
+def source_has_data(pipeline: Pipeline, checkpoint: SourceCheckpoint, pubsub: PubSubResource) -> bool:
+    spec = pipeline.source
+    if isinstance(spec, FileSourceSpec):
+        return bool(FileSource(spec.directory, spec.pattern).discover(set(checkpoint.taken_files), 1, 1))
+    return pubsub.client().has_messages(spec.subscription)
+
+
+def windows_open(pipeline: Pipeline, checkpoint: SourceCheckpoint) -> bool:
+    """Some window with data has not closed yet: the watermark has not passed its end + allowed lateness."""
+    if checkpoint.max_event_time_ms is None:
+        return False
+    window_ms = pipeline.window_s * 1000
+    last_end = (checkpoint.max_event_time_ms // window_ms + 1) * window_ms
+    watermark = source_watermark_ms(checkpoint)
+    return watermark is None or watermark < last_end + pipeline.allowed_lateness_s * 1000
+
+
+def build_micro_batch_sensor(pipeline: Pipeline) -> dg.SensorDefinition:
+    job_name = f"ingest_{pipeline.name}"
+
+    @dg.sensor(
+        name=f"{pipeline.name}_micro_batch_sensor",
+        job_name=job_name,
+        minimum_interval_seconds=5,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description=f"Requests the next micro-batch of `{pipeline.source_id}` when it has new data.",
+    )
+    def micro_batch_sensor(
+        context: dg.SensorEvaluationContext, lake: LakeResource, pubsub: PubSubResource
+    ) -> dg.SensorResult | dg.SkipReason:
+        source = {**source_tag(pipeline)}
+        busy = in_flight(context.instance, runs_tagged(context.instance, source, limit=5))
+        if busy:
+            return dg.SkipReason(f"a batch is in flight: {busy}")
+        checkpoint = CheckpointStore(lake.checkpoints(), pipeline.source_id).load()
+        cursor = json.loads(context.cursor) if context.cursor else {"batch": 0, "at_ms": 0}
+        now_ms = int(time.time() * 1000)
+        if source_has_data(pipeline, checkpoint, pubsub):
+            why = "new data"
+        elif windows_open(pipeline, checkpoint) and now_ms - cursor["at_ms"] >= idle_tick_s() * 1000:
+            why = "idle tick: advance the watermark"
+        else:
+            return dg.SkipReason("no new data, and no window waiting for the watermark")
+        batch = max(checkpoint.next_batch, cursor["batch"])
+        earlier = len(runs_tagged(context.instance, {**source, BATCH_TAG: str(batch)}))
+        run_key = f"{pipeline.name}:batch:{batch}" + (f":{earlier + 1}" if earlier else "")
+        return dg.SensorResult(
+            run_requests=[dg.RunRequest(run_key=run_key, tags={**source, BATCH_TAG: str(batch), "onceflow/why": why})],
+            cursor=json.dumps({"batch": batch, "at_ms": now_ms}),
+        )
+
+    return micro_batch_sensor

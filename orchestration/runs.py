@@ -1,0 +1,40 @@
+"""What sensors need to know about runs: is work of a kind still in flight?
+
+A run is in flight while it is queued or running, and also after it failed if Dagster promised to retry it
+(`dagster/will_retry`) and the retry does not exist yet: a sensor that started new work then would race the retry.
+"""
+
+import time
+
+import dagster as dg
+
+WILL_RETRY_TAG = "dagster/will_retry"
+AUTO_RETRY_RUN_TAG = "dagster/auto_retry_run_id"
+RETRY_GRACE_S = 300.0
+"""How long a failed run marked `dagster/will_retry` may wait for its retry before it counts as final."""
+
+
+def retry_pending(instance: dg.DagsterInstance, run: dg.DagsterRun) -> bool:
+    """`run` failed and Dagster will retry it, but has not created the retry yet."""
+    if run.status != dg.DagsterRunStatus.FAILURE or run.tags.get(WILL_RETRY_TAG) != "true":
+        return False
+    if AUTO_RETRY_RUN_TAG in run.tags:
+        return False  # the retry exists: it is a run of its own
+    record = instance.get_run_record_by_id(run.run_id)
+    ended = record.end_time if record is not None else None
+    return ended is None or time.time() - ended < RETRY_GRACE_S
+
+
+def in_flight(instance: dg.DagsterInstance, runs: list[dg.DagsterRun]) -> str | None:
+    """Why some run of `runs` is in flight, or None."""
+    for run in runs:
+        if not run.is_finished:
+            return f"run {run.run_id} is {run.status.value}"
+        if retry_pending(instance, run):
+            return f"run {run.run_id} failed and Dagster will retry it"
+    return None
+
+
+def runs_tagged(instance: dg.DagsterInstance, tags: dict[str, str], limit: int = 100) -> list[dg.DagsterRun]:
+    """The newest runs with all of `tags`, newest first."""
+    return list(instance.get_runs(filters=dg.RunsFilter(tags=tags), limit=limit))
