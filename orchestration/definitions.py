@@ -33,6 +33,8 @@ def build_definitions() -> dg.Definitions:
         + [build_window_sensor(p) for p in PIPELINES]
         + [build_commit_sensor(PIPELINES)],
         resources=resources_from_env(),
+        # One process per run: every job is one step, and a second process per step only adds start-up time.
+        executor=dg.in_process_executor,
     )
 
 

@@ -13,8 +13,10 @@ the expected counts) and the exit status is 0 only if exactly-once held.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+import re
 import shutil
 import signal
 import statistics
@@ -151,21 +153,44 @@ def _key(time_ms: int) -> str:
     return Window(time_ms // 60_000 * 60_000, 0).key
 
 
-def _run_pids(run_id: str) -> list[int]:
-    """Processes executing `run_id` (their command line carries it)."""
-    pids = []
+def _run_worker_pid(instance, run_id: str) -> int | None:
+    """The pid of the process executing `run_id`, from the engine event its code server logs on starting it."""
+    for entry in instance.all_logs(run_id):
+        match = re.match(r"Started process for run \(pid: (\d+)\)", entry.message or "")
+        if match:
+            return int(match.group(1))
+    return None
+
+
+def _with_descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             try:
-                if run_id.encode() in (proc / "cmdline").read_bytes():
-                    pids.append(int(proc.name))
-            except OSError:
+                ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
                 continue
-    return pids
+            children.setdefault(ppid, []).append(int(proc.name))
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo.extend(children.get(current, []))
+    return found
 
 
-def run_streaming(duration_s: float = 60.0, rate: int = 25, timeout_s: float = 600.0, keep: bool = False) -> StreamingResult:
-    """The demo scenario; see the module docstring. Returns its outcome instead of an exit status."""
+def run_streaming(
+    duration_s: float = 60.0,
+    rate: int = 25,
+    timeout_s: float = 600.0,
+    keep: bool = False,
+    spark_remote: str | None = None,
+) -> StreamingResult:
+    """The demo scenario; see the module docstring. Returns its outcome instead of an exit status.
+
+    `spark_remote` is a running Spark Connect server to use instead of starting one; `keep` keeps the onceflow
+    home (`StreamingResult.home`) for inspection.
+    """
     import dagster as dg
 
     from jobs.micro_batch import source_handles, source_watermark_ms
@@ -197,9 +222,11 @@ def run_streaming(duration_s: float = 60.0, rate: int = 25, timeout_s: float = 6
         pubsub = start_pubsub_emulator()
         services.append(pubsub)
         os.environ["PUBSUB_EMULATOR_HOST"] = pubsub.host
-        engine = start_spark_connect_server()
-        services.append(engine)
-        os.environ["ONCEFLOW_SPARK_REMOTE"] = engine.url
+        if spark_remote is None:
+            engine = start_spark_connect_server()
+            services.append(engine)
+            spark_remote = engine.url
+        os.environ["ONCEFLOW_SPARK_REMOTE"] = spark_remote
         try:
             bigquery = start_bigquery_emulator(project="onceflow-demo")
             services.append(bigquery)
@@ -222,7 +249,7 @@ def run_streaming(duration_s: float = 60.0, rate: int = 25, timeout_s: float = 6
 
         say("starting dagster-daemon: it runs the three sensors and launches their runs")
         daemon = subprocess.Popen(
-            [sys.executable, "-m", "dagster", "daemon", "run", "-w", str(PROJECT_ROOT / "workspace.yaml")],
+            [str(Path(sys.executable).parent / "dagster-daemon"), "run", "-w", str(PROJECT_ROOT / "workspace.yaml")],
             cwd=PROJECT_ROOT, env=dict(os.environ), start_new_session=True,
             stdout=open(workdir / "daemon.log", "w"), stderr=subprocess.STDOUT,  # noqa: SIM115
         )
@@ -241,7 +268,8 @@ def run_streaming(duration_s: float = 60.0, rate: int = 25, timeout_s: float = 6
         last_report = 0.0
         while time.monotonic() < deadline:
             if daemon.poll() is not None:
-                raise RuntimeError(f"dagster-daemon exited ({daemon.returncode}); see {workdir}/daemon.log")
+                log = (workdir / "daemon.log").read_text()[-3000:]
+                raise RuntimeError(f"dagster-daemon exited ({daemon.returncode}):\n{log}")
             checkpoint = checkpoints.load()
             if killed is None:
                 killed = _kill_mid_batch(instance, checkpoints, checkpoint.committed_batch)
@@ -266,7 +294,7 @@ def run_streaming(duration_s: float = 60.0, rate: int = 25, timeout_s: float = 6
             raise TimeoutError(f"not every window was closed and published within {timeout_s:.0f}s")
 
         say("every window is closed and published; reconciling")
-        spark = build_spark_session(remote=engine.url)
+        spark = build_spark_session(remote=spark_remote)
         rows = reconcile(spark, pipeline, source_handles(pipeline, lake, client), closes, commits,
                          lake.table_path(pipeline.windows_table))
         print(render(rows), flush=True)
@@ -312,11 +340,13 @@ def _kill_mid_batch(instance, checkpoints, committed: int) -> str | None:
         return None
     runs = instance.get_runs(filters=dg.RunsFilter(job_name="ingest_events", statuses=[dg.DagsterRunStatus.STARTED]))
     for run in runs:
-        pids = _run_pids(run.run_id)
-        for pid in pids:
-            os.kill(pid, signal.SIGKILL)
-        if pids:
-            return run.run_id
+        worker = _run_worker_pid(instance, run.run_id)
+        if worker is None:
+            continue
+        for pid in _with_descendants(worker):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return run.run_id
     return None
 
 
@@ -359,8 +389,14 @@ def _latencies(instance, pipeline, expected: Expected, closes, commits) -> dict[
     records = instance.get_run_records(
         filters=dg.RunsFilter(job_name=f"ingest_{pipeline.name}", statuses=[dg.DagsterRunStatus.SUCCESS])
     )
-    tick_to_commit = [r.end_time - r.create_timestamp.timestamp() for r in records if r.end_time]
-    queued = [r.start_time - r.create_timestamp.timestamp() for r in records if r.start_time]
+    # Only runs that committed a batch (they record a materialization of the raw asset), not idle ticks.
+    records = [
+        r for r in records
+        if r.end_time and r.start_time
+        and instance.all_logs(r.dagster_run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
+    ]
+    tick_to_commit = [r.end_time - r.create_timestamp.timestamp() for r in records]
+    queued = [r.start_time - r.create_timestamp.timestamp() for r in records]
     result = {}
     if to_output:
         result["publish -> window output committed (median over events)"] = statistics.median(to_output)

@@ -1,0 +1,111 @@
+"""The micro-batch and window sensors' decisions, evaluated against a real (temporary) Dagster instance.
+
+The end-to-end test runs them under a real daemon; these pin down their run keys, cursors and in-flight rules.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from dagster._core.test_utils import create_run_for_test
+
+from jobs.pipeline import Pipeline
+from jobs.windows import CloseStore, PaneClose, Window
+from orchestration.micro_batch_sensor import BATCH_TAG, build_micro_batch_sensor
+from orchestration.pipelines import events_pipeline
+from orchestration.window_sensor import build_window_sensor
+from resources.checkpoint import CheckpointStore, SourceCheckpoint
+from resources.lake import LakeResource
+from resources.pubsub import PubSubResource
+
+BASE = 1_795_000_000_000 // 60_000 * 60_000  # a minute boundary
+
+
+@pytest.fixture
+def instance() -> Iterator[dg.DagsterInstance]:
+    with dg.instance_for_test() as instance:
+        yield instance
+
+
+@pytest.fixture
+def pipeline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Pipeline:
+    monkeypatch.setenv("ONCEFLOW_EVENTS_SOURCE", "files")
+    monkeypatch.setenv("ONCEFLOW_EVENTS_DIR", str(tmp_path / "in"))
+    monkeypatch.setenv("ONCEFLOW_LATE_POLICY", "refire")
+    (tmp_path / "in").mkdir()
+    return events_pipeline()
+
+
+def evaluate(sensor: dg.SensorDefinition, instance: dg.DagsterInstance, lake: LakeResource, cursor: str | None):
+    resources = {"lake": lake, "pubsub": PubSubResource(project="unused")}
+    context = dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources)
+    return sensor(context)
+
+
+def test_micro_batch_sensor_requests_the_next_batch_one_at_a_time(
+    tmp_path: Path, instance: dg.DagsterInstance, pipeline: Pipeline
+) -> None:
+    lake = LakeResource(home=str(tmp_path / "home"))
+    sensor = build_micro_batch_sensor(pipeline)
+    assert isinstance(evaluate(sensor, instance, lake, None), dg.SkipReason)  # no data, no open window
+
+    (tmp_path / "in" / "a.jsonl").write_text('{"event_id": "1", "event_time": 1, "key": "k", "value": 1}\n')
+    result = evaluate(sensor, instance, lake, None)
+    [request] = result.run_requests
+    assert request.run_key == "events:batch:1" and request.tags[BATCH_TAG] == "1"
+    assert json.loads(result.cursor)["batch"] == 1
+
+    run = create_run_for_test(instance, job_name="ingest_events", status=dg.DagsterRunStatus.STARTED,
+                              tags=request.tags)
+    skipped = evaluate(sensor, instance, lake, result.cursor)
+    assert isinstance(skipped, dg.SkipReason) and "in flight" in (skipped.skip_message or "")
+
+    # The run ended without committing batch 1: its key is used up, so the next request for batch 1 differs.
+    instance.report_run_failed(run)
+    again = evaluate(sensor, instance, lake, result.cursor)
+    assert [r.run_key for r in again.run_requests] == ["events:batch:1:2"]
+
+    # Once batch 1 is committed the sensor moves on to batch 2; the cursor never goes back.
+    checkpoints = CheckpointStore(lake.checkpoints(), pipeline.source_id)
+    checkpoints.save(SourceCheckpoint(committed_batch=1, taken_files={}))
+    (tmp_path / "in" / "b.jsonl").write_text('{"event_id": "2", "event_time": 1, "key": "k", "value": 1}\n')
+    later = evaluate(sensor, instance, lake, again.cursor)
+    assert [r.run_key for r in later.run_requests] == ["events:batch:2"]
+    assert json.loads(later.cursor)["batch"] == 2
+
+
+def test_window_sensor_requests_closed_windows_in_order_then_refires_late_ones(
+    tmp_path: Path, instance: dg.DagsterInstance, pipeline: Pipeline
+) -> None:
+    lake = LakeResource(home=str(tmp_path / "home"))
+    sensor = build_window_sensor(pipeline)
+    assert isinstance(evaluate(sensor, instance, lake, None), dg.SkipReason)  # no watermark yet
+
+    checkpoints = CheckpointStore(lake.checkpoints(), pipeline.source_id)
+    windows = [Window(BASE + i * 60_000, BASE + (i + 1) * 60_000) for i in range(4)]
+    checkpoint = SourceCheckpoint(
+        committed_batch=3, min_event_time_ms=BASE + 5_000, max_event_time_ms=BASE + 190_000,
+        watermark={"watermark_ms": BASE + 151_000}, recent_batches=[(3, BASE + 5_000)],
+    )
+    checkpoints.save(checkpoint)
+    # Windows 0 and 1 ended 30 s (the allowed lateness) or more before the watermark; window 2 has not.
+    result = evaluate(sensor, instance, lake, None)
+    assert [(r.run_key, r.partition_key) for r in result.run_requests] == [
+        (f"event_counts:{w.key}:final", w.key) for w in windows[:2]
+    ]
+    assert evaluate(sensor, instance, lake, result.cursor).run_requests == []
+
+    # Window 0 closed; a new batch holds an event of window 0: under `refire` its next pane is requested.
+    CloseStore(lake.checkpoints(), "event_counts").close(
+        windows[0], PaneClose(windows[0].start_ms, 1, "on_time", 3, 3, BASE + 151_000, BASE + 151_000)
+    )
+    checkpoint.committed_batch = 4
+    checkpoint.recent_batches.append((4, BASE + 30_000))
+    checkpoints.save(checkpoint)
+    refired = evaluate(sensor, instance, lake, result.cursor)
+    assert [r.run_key for r in refired.run_requests] == [f"event_counts:{windows[0].key}:pane-2"]
+    assert evaluate(sensor, instance, lake, refired.cursor).run_requests == []
