@@ -273,7 +273,7 @@ def test_retries_of_a_run_by_dagster_are_one_attempt_lineage(
         with dg.execute_job(
             dg.reconstructable(finalize_job),
             instance,
-            run_config={**request.run_config, "execution": {"config": {"in_process": {}}}},
+            run_config=request.run_config,
             tags={**request.tags, "dagster/retry_number": str(retry_number)},
             reexecution_options=dg.ReexecutionOptions.from_failure(parent, instance),
         ) as retried:
