@@ -376,12 +376,15 @@ def _latencies(instance, pipeline, expected: Expected, closes, commits) -> dict[
     from jobs.windows import Window
 
     done_ms: dict[str, int] = {}
+    end_to_close, close_to_done = [], []
     for window in expected.on_time:
         close = closes.latest(Window.from_partition_key(window, 60))
         if close is not None:
             state = commits.state(sequence_id(pipeline.window_asset, window, close.pane))
             if state.updated_at_ms is not None:
                 done_ms[window] = state.updated_at_ms
+                end_to_close.append((close.closed_at_ms - Window.from_partition_key(window, 60).end_ms) / 1000)
+                close_to_done.append((state.updated_at_ms - close.closed_at_ms) / 1000)
     to_output = [
         (done_ms[w] - expected.publish_ms[e]) / 1000
         for w, events in expected.on_time.items() if w in done_ms for e in events
@@ -400,6 +403,8 @@ def _latencies(instance, pipeline, expected: Expected, closes, commits) -> dict[
     result = {}
     if to_output:
         result["publish -> window output committed (median over events)"] = statistics.median(to_output)
+        result["  window end -> window closed (median over windows)"] = statistics.median(end_to_close)
+        result["  window closed -> published (median over windows)"] = statistics.median(close_to_done)
     if tick_to_commit:
         result["sensor tick -> micro-batch committed (median over runs)"] = statistics.median(tick_to_commit)
         result["  of which requested -> run process started"] = statistics.median(queued)
