@@ -33,6 +33,21 @@ def dagster_home() -> Path:
     return home
 
 
+def create_pubsub_resources(emulator_host: str) -> None:
+    """A fresh emulator has no topics: create every Pub/Sub pipeline's topic and subscriptions on it."""
+    from jobs.pipeline import PubSubSourceSpec
+    from orchestration.pipelines import PIPELINES
+    from resources.pubsub import PubSubResource
+
+    os.environ["PUBSUB_EMULATOR_HOST"] = emulator_host
+    client = PubSubResource.from_env().client()
+    for pipeline in PIPELINES:
+        spec = pipeline.source
+        if isinstance(spec, PubSubSourceSpec):
+            client.ensure_subscriptions(spec.topic, [spec.subscription, spec.tracking_subscription], spec.ack_deadline_s)
+            print(f"topic {spec.topic} with subscriptions {spec.subscription}, {spec.tracking_subscription}")
+
+
 def cmd_dev(args: argparse.Namespace) -> int:
     from resources.pubsub_emulator import start_pubsub_emulator
 
@@ -42,6 +57,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
         emulator = start_pubsub_emulator()
         env["PUBSUB_EMULATOR_HOST"] = emulator.host
         print(f"Pub/Sub emulator on {emulator.host}")
+        create_pubsub_resources(emulator.host)
     # A SIGTERM (from make, a supervisor) must still stop dagster dev and the emulator, not orphan them.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     dev = subprocess.Popen(

@@ -16,6 +16,7 @@ import os
 import time
 
 import dagster as dg
+from google.api_core.exceptions import NotFound
 
 from jobs.ingest_job import source_tag
 from jobs.micro_batch import source_watermark_ms
@@ -70,7 +71,11 @@ def build_micro_batch_sensor(pipeline: Pipeline) -> dg.SensorDefinition:
         checkpoint = CheckpointStore(lake.checkpoints(), pipeline.source_id).load()
         cursor = json.loads(context.cursor) if context.cursor else {"batch": 0, "at_ms": 0}
         now_ms = int(time.time() * 1000)
-        if source_has_data(pipeline, checkpoint, pubsub):
+        try:
+            has_data = source_has_data(pipeline, checkpoint, pubsub)
+        except NotFound as missing:  # the operator has not created the subscription yet: say so, keep ticking
+            return dg.SkipReason(f"{pipeline.source_id}: {missing.message}")
+        if has_data:
             why = "new data"
         elif windows_open(pipeline, checkpoint) and now_ms - cursor["at_ms"] >= idle_tick_s() * 1000:
             why = "idle tick: advance the watermark"
