@@ -47,6 +47,9 @@ DEMO_SETTINGS = {
 }
 
 
+RETRY_WITHIN_S = 5
+
+
 def say(message: str) -> None:
     print(f"[demo {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
@@ -124,9 +127,12 @@ class Publisher(threading.Thread):
                 self.expected.publish_ms[event.event_id] = now_ms
                 messages.append((event.data, event.attributes(seq % 2 == 0)))
                 if rng.random() < 0.1:
-                    retry_pool.append(event)
+                    retry_pool.append((tick, event))
+            # A publisher retries within seconds (its ack timed out), so only recent events are resent: a retry
+            # minutes later would carry an old event time and rightly hold the watermark back.
+            retry_pool = [(sent, event) for sent, event in retry_pool if tick - sent < RETRY_WITHIN_S]
             if retry_pool and rng.random() < 0.7:  # a publisher retry: same event_id, a new message
-                event = retry_pool.pop(rng.randrange(len(retry_pool)))
+                _, event = retry_pool.pop(rng.randrange(len(retry_pool)))
                 messages.append((event.data, event.attributes(True)))
                 self.expected.retries += 1
             if rng.random() < 0.15:
@@ -217,6 +223,7 @@ def run_streaming(
     os.environ.update(env)
     services: list = []
     daemon = None
+    own_spark = None
     try:
         say("starting the Pub/Sub emulator, the Spark Connect engine and the BigQuery emulator")
         pubsub = start_pubsub_emulator()
@@ -226,6 +233,7 @@ def run_streaming(
             engine = start_spark_connect_server()
             services.append(engine)
             spark_remote = engine.url
+            own_spark = build_spark_session(remote=spark_remote)
         os.environ["ONCEFLOW_SPARK_REMOTE"] = spark_remote
         try:
             bigquery = start_bigquery_emulator(project="onceflow-demo")
@@ -324,6 +332,9 @@ def run_streaming(
     finally:
         if daemon is not None:
             stop_process_group(daemon, (signal.SIGTERM, signal.SIGKILL), timeout_s=20)
+        if own_spark is not None:
+            # Released while its engine is up: at exit, a client whose server is gone retries for ten minutes.
+            own_spark.stop()
         for service in reversed(services):
             service.stop()
         os.environ.clear()
