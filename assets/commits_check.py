@@ -11,7 +11,6 @@ from typing import Any
 import dagster as dg
 
 from jobs.commit_steps import sequence_asset
-from jobs.pipeline import Pipeline
 from resources.commit_store import CommitStore
 from resources.lake import LakeResource
 
@@ -38,14 +37,14 @@ def quarantine_evaluation(store: CommitStore, asset: str) -> dg.AssetCheckEvalua
     )
 
 
-def build_commits_check(pipeline: Pipeline) -> dg.AssetChecksDefinition:
+def build_commits_check(asset: str) -> dg.AssetChecksDefinition:
     @dg.asset_check(
-        asset=dg.AssetKey(pipeline.window_asset),
+        asset=dg.AssetKey(asset),
         name=COMMITS_NOT_QUARANTINED,
         description="No publication (commit sequence) of this asset is quarantined after using up its attempts.",
     )
     def commits_not_quarantined(lake: LakeResource) -> dg.AssetCheckResult:
-        evaluation = quarantine_evaluation(CommitStore(lake.commits()), pipeline.window_asset)
+        evaluation = quarantine_evaluation(CommitStore(lake.commits()), asset)
         return dg.AssetCheckResult(
             passed=evaluation.passed, severity=evaluation.severity, metadata=evaluation.metadata
         )

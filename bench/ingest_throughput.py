@@ -23,14 +23,18 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
+from jobs.declaration import FileSource, Pipeline
 from jobs.ingest import IngestResult
-from jobs.micro_batch import run_micro_batch, source_handles
-from jobs.pipeline import Delivery, FileSourceSpec, Pipeline
+from jobs.micro_batch import run_micro_batch
+from jobs.source_reader import open_source
+from orchestration.pipelines import resolve
+from orchestration.pipelines.events import SCHEMA
 from orchestration.workload import make_events, with_publisher_retries
 from resources.lake import LakeResource
+from resources.settings import load_settings
 
 NAME = "ingest_throughput"
-MODES: tuple[Delivery, Delivery] = ("exactly_once", "at_least_once")
+MODES = ("exactly_once", "at_least_once")
 START_MS = 1_763_720_000_000
 SPAN_MS = 6 * 3600 * 1000  # six hours of event time: a handful of hourly time buckets, all inside the horizon
 
@@ -85,38 +89,35 @@ def write_source(directory: Path, events: int, config: Config, seed: int = 7) ->
     return per_file
 
 
-def pipeline_for(source_dir: Path, mode: Delivery, config: Config) -> Pipeline:
-    spec = FileSourceSpec(
-        directory=str(source_dir),
-        id_field="event_id",
-        timestamp_field="event_time",
-        max_files=config.files_per_batch,
+def pipeline_for(source_dir: Path, mode: str, config: Config) -> Pipeline:
+    source = FileSource(
+        directory=str(source_dir), id_field="event_id", timestamp_field="event_time", max_files=config.files_per_batch
     )
-    return Pipeline(name="events", source=spec, delivery=mode)
+    return resolve(Pipeline(name="events", source=source, schema=SCHEMA, delivery=mode), load_settings())
 
 
 def drain_once(
-    spark: SparkSession, source_dir: Path, mode: Delivery, config: Config, work: Path, round_no: int
+    spark: SparkSession, source_dir: Path, mode: str, config: Config, work: Path, round_no: int
 ) -> Run:
     """Drain the whole source into a fresh home with one delivery mode; times the drain only."""
     home = Path(tempfile.mkdtemp(prefix=f"home-{mode}-", dir=work))
     try:
         pipeline = pipeline_for(source_dir, mode, config)
-        handles = source_handles(pipeline, LakeResource(home=str(home)), None)
+        source = open_source(pipeline, LakeResource(home=str(home)))
         results: list[IngestResult] = []
         batch_seconds: list[float] = []
         load_before = os.getloadavg()[0]
         start = time.perf_counter()
         while True:
             batch_start = time.perf_counter()
-            result = run_micro_batch(lambda: spark, pipeline, handles)
+            result = run_micro_batch(lambda: spark, source)
             if result is None:
                 break
             batch_seconds.append(time.perf_counter() - batch_start)
             results.append(result)
         seconds = time.perf_counter() - start
         load_after = os.getloadavg()[0]
-        ids = DeltaTable(handles.raw_path).to_pyarrow_table(columns=["record_id"]).column("record_id")
+        ids = DeltaTable(source.raw_path).to_pyarrow_table(columns=["record_id"]).column("record_id")
         return Run(
             mode=mode,
             round=round_no,

@@ -1,8 +1,8 @@
 """Ingest: exactly-once from a landed batch into the raw Delta table, which is the dedup catalog.
 
-Per batch: parse and validate every record (bad ones become dead-letter rows with a reason), drop duplicates
-inside the batch, then `MERGE INTO raw ... ON record_id ... WHEN NOT MATCHED THEN INSERT` with a partition
-predicate that bounds the lookup to the dedup horizon. The MERGE and the dead-letter append each carry the
+Per batch: validate every record against the pipeline's record contract (`jobs.validation`; bad ones become
+dead-letter rows with a reason), drop duplicates inside the batch, then `MERGE INTO raw ... ON record_id ...
+WHEN NOT MATCHED THEN INSERT` with a partition predicate that bounds the lookup to the dedup horizon. The MERGE and the dead-letter append each carry the
 SetTransaction `(source_id, batch_id)`, so replaying a committed batch changes nothing.
 
 Received records always balance: received = inserted + duplicates (in batch, already committed, or in a replayed
@@ -14,27 +14,32 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
+from jobs.declaration import Pipeline
 from jobs.delta_txn import append_once, committed_metrics, delta_transaction, latest_version
-from jobs.pipeline import FileSourceSpec, Pipeline
+from jobs.schema import field_ddl
+from jobs.validation import RecordContract, classify
 from resources.checkpoint import BatchPlan
 
-RAW_COLUMNS = """
-    record_id STRING NOT NULL, event_time TIMESTAMP NOT NULL, key STRING NOT NULL, value DECIMAL(38, 9) NOT NULL,
-    payload STRING, source_position STRING, publish_time TIMESTAMP, batch_id BIGINT, ingested_at TIMESTAMP,
-    time_bucket STRING NOT NULL
-"""
 DEAD_LETTER_COLUMNS = """
     source_position STRING, raw STRING, reason STRING NOT NULL, detail STRING, record_id STRING,
     event_time TIMESTAMP, batch_id BIGINT, ingested_at TIMESTAMP
 """
 # The raw table's time bucket (its partition column): the unit in which the dedup horizon prunes the MERGE.
 BUCKET_FORMAT = "yyyy-MM-dd-HH"
-# Values are exact decimals (BigQuery's NUMERIC): sums are then the same whatever order Spark adds them in.
-VALUE_TYPE = "decimal(38, 9)"
-NUMERIC_VARIANT_TYPES = ("TINYINT", "SMALLINT", "INT", "BIGINT", "FLOAT", "DOUBLE")
+
+
+def raw_columns(schema: T.StructType) -> str:
+    """The raw table's columns: `record_id`, `event_time`, the schema's fields, then onceflow's bookkeeping."""
+    fields = ", ".join(field_ddl(f) for f in schema)
+    return (
+        f"record_id STRING NOT NULL, event_time TIMESTAMP NOT NULL, {fields}, payload STRING, "
+        "source_position STRING, publish_time TIMESTAMP, batch_id BIGINT, ingested_at TIMESTAMP, "
+        "time_bucket STRING NOT NULL"
+    )
 
 
 @dataclass
@@ -68,118 +73,16 @@ class IngestResult:
         return self.received == self.inserted + self.duplicates + self.dead_lettered_total
 
 
-def ensure_raw_table(spark: SparkSession, raw_path: str) -> None:
+def ensure_raw_table(spark: SparkSession, raw_path: str, schema: T.StructType) -> None:
     spark.sql(
-        f"CREATE TABLE IF NOT EXISTS delta.`{raw_path}` ({RAW_COLUMNS}) USING delta PARTITIONED BY (time_bucket)"
+        f"CREATE TABLE IF NOT EXISTS delta.`{raw_path}` ({raw_columns(schema)}) USING delta "
+        "PARTITIONED BY (time_bucket)"
     )
 
 
-def ensure_tables(spark: SparkSession, raw_path: str, dead_letter_path: str) -> None:
-    ensure_raw_table(spark, raw_path)
+def ensure_tables(spark: SparkSession, pipeline: Pipeline, raw_path: str, dead_letter_path: str) -> None:
+    ensure_raw_table(spark, raw_path, pipeline.record_schema)
     spark.sql(f"CREATE TABLE IF NOT EXISTS delta.`{dead_letter_path}` ({DEAD_LETTER_COLUMNS}) USING delta")
-
-
-def classify(pipeline: Pipeline, plan: BatchPlan, landed: DataFrame) -> DataFrame:
-    """Parse and validate landed records: adds the typed columns and `reason` (NULL for a good record).
-
-    `landed` has the landing schema (ordinal, source_position, publish_time, attributes, data). Checks run in
-    order and the first failing one names the reason: `oversized`, `not_json`, `missing_key`, `wrong_type_key`,
-    `missing_value`, `wrong_type_value`, `value_out_of_range`, `missing_event_time`, `bad_event_time`,
-    `beyond_dedup_horizon`.
-    """
-    spec = pipeline.source
-    df = (
-        landed.withColumn("payload_bytes", F.length("data"))
-        .withColumn("payload", F.expr("try_validate_utf8(cast(data AS STRING))"))
-        .withColumn(
-            "v",
-            F.when(F.col("payload_bytes") <= pipeline.max_record_bytes, F.expr("try_parse_json(payload)")),
-        )
-        .withColumn("top_type", F.expr("schema_of_variant(v)"))
-        .withColumn("key_type", F.expr("schema_of_variant(variant_get(v, '$.key'))"))
-        .withColumn("value_type", F.expr("schema_of_variant(variant_get(v, '$.value'))"))
-    )
-    if isinstance(spec, FileSourceSpec):
-        id_value = _json_field(spec.id_field)
-        time_raw = _json_field(spec.timestamp_field)
-        fallback_time = F.lit(None).cast("timestamp")
-    else:
-        id_value = _attribute(spec.id_attribute)
-        time_raw = _attribute(spec.timestamp_attribute)
-        fallback_time = F.col("publish_time")
-    df = (
-        df.withColumn("record_id", F.coalesce(id_value, F.col("source_position")))
-        .withColumn("time_raw", time_raw)
-        .withColumn(
-            "event_time",
-            F.when(F.col("time_raw").isNull(), fallback_time)
-            .when(F.col("time_raw").rlike(r"^-?[0-9]{1,15}$"), F.expr("timestamp_millis(cast(time_raw AS BIGINT))"))
-            .otherwise(F.expr("try_to_timestamp(time_raw)")),
-        )
-        .withColumn("key", F.expr("try_variant_get(v, '$.key', 'string')"))
-        .withColumn("value", F.expr(f"try_variant_get(v, '$.value', '{VALUE_TYPE}')"))
-    )
-    numeric = F.col("value_type").isin(*NUMERIC_VARIANT_TYPES) | F.col("value_type").startswith("DECIMAL")
-    floor = plan.horizon_floor_ms
-    checks: list[tuple[Column, str, Column]] = [
-        (
-            F.col("payload_bytes") > pipeline.max_record_bytes,
-            "oversized",
-            F.format_string(f"record is %d bytes; the limit is {pipeline.max_record_bytes}", "payload_bytes"),
-        ),
-        (F.col("payload").isNull(), "not_json", F.lit("payload is not valid UTF-8")),
-        (
-            F.col("top_type").isNull() | ~F.col("top_type").startswith("OBJECT"),
-            "not_json",
-            F.when(F.col("top_type").isNull(), F.lit("payload is not JSON")).otherwise(
-                F.format_string("payload is JSON %s, not an object", "top_type")
-            ),
-        ),
-        (F.col("key_type").isNull() | (F.col("key_type") == "VOID"), "missing_key", F.lit("no `key` field")),
-        (F.col("key_type") != "STRING", "wrong_type_key", F.format_string("`key` is %s, not a string", "key_type")),
-        (F.col("value_type").isNull() | (F.col("value_type") == "VOID"), "missing_value", F.lit("no `value` field")),
-        (~numeric, "wrong_type_value", F.format_string("`value` is %s, not a number", "value_type")),
-        (F.col("value").isNull(), "value_out_of_range", F.lit(f"`value` does not fit {VALUE_TYPE}")),
-        (F.col("event_time").isNull() & F.col("time_raw").isNull(), "missing_event_time", F.lit("no event time")),
-        (
-            F.col("event_time").isNull(),
-            "bad_event_time",
-            F.format_string("event time %s is neither RFC 3339 nor epoch milliseconds", "time_raw"),
-        ),
-    ]
-    if floor is not None:
-        checks.append(
-            (
-                F.col("event_time") < F.expr(f"timestamp_millis({floor})"),
-                "beyond_dedup_horizon",
-                F.format_string(
-                    "event time %s is older than the dedup horizon (%s)",
-                    F.col("event_time").cast("string"),
-                    F.expr(f"cast(timestamp_millis({floor}) AS STRING)"),
-                ),
-            )
-        )
-    reason = F.lit(None).cast("string")
-    detail = F.lit(None).cast("string")
-    for condition, name, text in reversed(checks):
-        reason = F.when(condition, F.lit(name)).otherwise(reason)
-        detail = F.when(condition, text).otherwise(detail)
-    helpers = ("v", "top_type", "key_type", "value_type", "time_raw")
-    return df.withColumn("reason", reason).withColumn("detail", detail).drop(*helpers)
-
-
-def _json_field(name: str | None) -> Column:
-    if name is None:
-        return F.lit(None).cast("string")
-    if not name.replace("_", "").isalnum():
-        raise ValueError(f"field name {name!r} must be letters, digits and '_'")
-    return F.expr(f"try_variant_get(v, '$.{name}', 'string')")
-
-
-def _attribute(name: str | None) -> Column:
-    if name is None:
-        return F.lit(None).cast("string")
-    return F.element_at(F.col("attributes"), F.lit(name))
 
 
 def ingest_batch(
@@ -191,11 +94,16 @@ def ingest_batch(
     dead_letter_path: str,
 ) -> IngestResult:
     """Commit one landed batch to the raw and dead-letter tables, exactly once (or at least once)."""
-    ensure_tables(spark, raw_path, dead_letter_path)
+    ensure_tables(spark, pipeline, raw_path, dead_letter_path)
     result = IngestResult(batch_id=plan.batch_id)
     ingested_at = F.expr(f"timestamp_millis({plan.planned_at_ms})")
     metadata = {"onceflow_source": pipeline.source_id, "onceflow_batch": plan.batch_id}
-    classified = classify(pipeline, plan, landed).withColumn("batch_id", F.lit(plan.batch_id).cast("bigint")).cache()
+    contract = RecordContract.of(pipeline)
+    classified = (
+        classify(landed, contract, plan.planned_at_ms, plan.horizon_floor_ms)
+        .withColumn("batch_id", F.lit(plan.batch_id).cast("bigint"))
+        .cache()
+    )
     try:
         summary = classified.groupBy("reason").agg(
             F.count(F.lit(1)).alias("n"),
@@ -225,8 +133,7 @@ def ingest_batch(
         valid = classified.filter(F.col("reason").isNull()).select(
             "record_id",
             "event_time",
-            "key",
-            "value",
+            *(f.name for f in contract.schema),
             "payload",
             "source_position",
             "publish_time",

@@ -8,9 +8,10 @@ from typing import Any
 
 import dagster as dg
 
+from jobs.declaration import Pipeline
 from jobs.ingest import IngestResult
-from jobs.micro_batch import run_micro_batch, source_handles
-from jobs.pipeline import FileSourceSpec, Pipeline
+from jobs.micro_batch import run_micro_batch
+from jobs.source_reader import open_source
 from resources.lake import LakeResource
 from resources.pubsub import PubSubResource
 from resources.spark import SparkResource
@@ -56,8 +57,7 @@ def build_ingest_job(pipeline: Pipeline) -> dg.JobDefinition:
     def micro_batch(
         context: dg.OpExecutionContext, spark: SparkResource, lake: LakeResource, pubsub: PubSubResource
     ) -> None:
-        client = None if isinstance(pipeline.source, FileSourceSpec) else pubsub.client()
-        result = run_micro_batch(spark.get_session, pipeline, source_handles(pipeline, lake, client))
+        result = run_micro_batch(spark.get_session, open_source(pipeline, lake, pubsub.client))
         if result is None:
             context.log.info(f"{pipeline.source_id}: no new data")
             return

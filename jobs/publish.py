@@ -44,28 +44,19 @@ from resources.object_store import open_store
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from jobs.windows import Window
-
-WINDOW_SCHEMA: tuple[tuple[str, str], ...] = (
-    ("window_start", "TIMESTAMP"),
-    ("window_end", "TIMESTAMP"),
-    ("key", "STRING"),
-    ("count", "INT64"),
-    ("sum_value", "NUMERIC"),
-    ("raw_version", "INT64"),
-    ("pane", "INT64"),
-    ("timing", "STRING"),
-)
-"""The window table's columns (`windows/<asset>`) as BigQuery types: what a pane's rows hold by default."""
-
+    from jobs.panes import Window
 
 @dataclass(frozen=True)
 class BigQueryTarget:
-    """The BigQuery table a windowed asset is published to; the dataset must exist, the table is created."""
+    """The BigQuery table a windowed asset is published to; the dataset must exist, the table is created.
+
+    `key_columns` identify a row within the table: `window_start` and the output's keys.
+    """
 
     project: str
     dataset: str
     table: str
+    key_columns: tuple[str, ...] = ("window_start",)
 
 
 @dataclass(frozen=True)
@@ -88,18 +79,20 @@ def publish_pane(
     window: Window,
     pane: int,
     rows: Iterable[Mapping[str, Any]] | pa.Table,
-    sink_root: str,
+    schema: Sequence[tuple[str, str]],
+    sink_root: str | None,
     bigquery: BigQueryTarget | None = None,
-    schema: Sequence[tuple[str, str]] = WINDOW_SCHEMA,
     rows_per_shard: int = 100_000,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
 ) -> PublishedPane:
     """Write pane `pane` of `window` as temp files plus the commit sequence that publishes them.
 
-    `rows` are the pane's rows (dicts, or a pyarrow table) with exactly the columns of `schema`; TIMESTAMP values
-    must be timezone-aware datetimes, NUMERIC values `Decimal` or `int`. If the schema has `window_start` and
-    `pane` columns, every row must belong to this window and pane. `window` needs only `start_ms`, `end_ms` and
-    `key` (a `jobs.windows.Window`). Only final panes are published: `pane` must be at least 1.
+    `rows` are the pane's rows (dicts, or a pyarrow table) with exactly the columns of `schema` ((name, BigQuery
+    type) pairs); TIMESTAMP values must be timezone-aware datetimes, NUMERIC values `Decimal` or `int`. If the
+    schema has `window_start` and `pane` columns, every row must belong to this window and pane. `window` needs
+    only `start_ms`, `end_ms` and `key` (a `jobs.panes.Window`). Only final panes are published: `pane` must be
+    at least 1. The rows are written as files under `sink_root` (which a BigQuery load reads); with neither a
+    `sink_root` nor `bigquery`, the sequence only records the high watermark.
 
     If the pane's sequence exists already, it stands and nothing is written. Otherwise, once the sequence is
     written, `crash_point("commit.after_write_sequence")` is passed and the caller (or the commit sensor, if the
@@ -109,6 +102,8 @@ def publish_pane(
         raise ValueError(f"only final panes (1, 2, ...) are published, not pane {pane}")
     if rows_per_shard < 1:
         raise ValueError(f"rows_per_shard must be at least 1, got {rows_per_shard}")
+    if bigquery is not None and sink_root is None:
+        raise ValueError("a BigQuery load reads the pane's files: give a sink_root")
     seq_id = sequence_id(asset, window.key, pane)
     existing = store.get(seq_id)
     if existing is not None:
@@ -117,21 +112,7 @@ def publish_pane(
     schema = tuple((name, kind.upper()) for name, kind in schema)
     lines = sorted(_render(row, schema, window, pane) for row in _row_dicts(rows))
     shards = [lines[i : i + rows_per_shard] for i in range(0, len(lines), rows_per_shard)] or [[]]
-    sink = open_store(sink_root)
-    prefix = pane_prefix(asset, window.key, pane)
-    token = uuid.uuid4().hex[:12]
-    finalizes: list[FileFinalize] = []
-    for shard, shard_lines in enumerate(shards):
-        data = b"".join(line + b"\n" for line in shard_lines)
-        step = FileFinalize(
-            root=sink_root,
-            temp_key=f"{prefix}/.part-{shard:05d}.jsonl.{token}.tmp",
-            final_key=f"{prefix}/part-{shard:05d}.jsonl",
-            sha256=sha256_hex(data),
-        )
-        sink.write(step.temp_key, data)
-        finalizes.append(step)
-
+    finalizes = [] if sink_root is None else _write_temp_shards(sink_root, pane_prefix(asset, window.key, pane), shards)
     steps: list[CommitStep] = list(finalizes)
     if bigquery is not None:
         steps.append(
@@ -143,11 +124,12 @@ def publish_pane(
                 window_key=window.key,
                 window_start_ms=window.start_ms,
                 pane=pane,
-                files_root=sink_root,
+                files_root=sink_root or "",
                 files=tuple((f.final_key, f.sha256) for f in finalizes),
                 schema=schema,
                 expected_rows=len(lines),
                 expected_sums=_sums(lines, schema),
+                key_columns=bigquery.key_columns,
             )
         )
     steps.append(HighWatermark(asset, window.end_ms))
@@ -155,10 +137,28 @@ def publish_pane(
     sequence, created = CommitSequence(seq_id, tuple(steps), max_attempts).write(store)
     if not created:
         for step in finalizes:  # a concurrent publisher's sequence stands, with its own temp files
-            sink.delete(step.temp_key)
+            open_store(step.root).delete(step.temp_key)
         return PublishedPane(sequence, False)
     crash_point("commit.after_write_sequence")
     return PublishedPane(sequence, True)
+
+
+def _write_temp_shards(sink_root: str, prefix: str, shards: list[list[bytes]]) -> list[FileFinalize]:
+    """Write each shard as a hidden temp file; the returned steps move them to their final names."""
+    sink = open_store(sink_root)
+    token = uuid.uuid4().hex[:12]
+    finalizes = []
+    for shard, shard_lines in enumerate(shards):
+        data = b"".join(line + b"\n" for line in shard_lines)
+        step = FileFinalize(
+            root=sink_root,
+            temp_key=f"{prefix}/.part-{shard:05d}.jsonl.{token}.tmp",
+            final_key=f"{prefix}/part-{shard:05d}.jsonl",
+            sha256=sha256_hex(data),
+        )
+        sink.write(step.temp_key, data)
+        finalizes.append(step)
+    return finalizes
 
 
 def _row_dicts(rows: Iterable[Mapping[str, Any]] | pa.Table) -> Iterable[Mapping[str, Any]]:

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from jobs.pipeline import PubSubSourceSpec
+from jobs.declaration import PubSubSource
 from jobs.watermark import TrackingSample
 from resources.pubsub import PubSubClient, PulledMessage
 
@@ -96,9 +96,9 @@ class TrackingDrainer:
         self.pull_timeout_s = pull_timeout_s
 
     @classmethod
-    def for_source(cls, client: PubSubClient, spec: PubSubSourceSpec) -> TrackingDrainer:
+    def for_source(cls, client: PubSubClient, spec: PubSubSource) -> TrackingDrainer:
         """The drainer of a declared Pub/Sub source's tracking subscription."""
-        return cls(client, spec.tracking_subscription, spec.timestamp_attribute)
+        return cls(client, spec.tracking, spec.timestamp_attribute)
 
     def drain(self, now_ms: int) -> TrackingDrain:
         """Drain the subscription; `now_ms` is the time the drain starts."""

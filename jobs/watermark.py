@@ -15,8 +15,8 @@ file sources. The Pub/Sub estimator needs the base subscription's oldest unackno
 
 Wiring, once per micro-batch of a Pub/Sub source (`jobs.tracking` drains the tracking subscription):
 
-    watermark = PubSubWatermark.from_settings(EmulatorBacklogProbe()).from_state(checkpoint.watermark)
-    drain = TrackingDrainer.for_source(client, spec).drain(now_ms)      # before the base subscription is pulled
+    watermark = PubSubWatermark(EmulatorBacklogProbe(), band_ms=10_000).from_state(checkpoint.watermark)
+    drain = TrackingDrainer(client, spec.tracking, spec.timestamp_attribute).drain(now_ms)  # before the base pull
     watermark.observe(drain.samples, drain.tracked_through_ms)
     ...land and ingest the batch...
     watermark.committed(zip(message_ids, publish_times_ms))            # the batch just committed
@@ -27,19 +27,13 @@ Wiring, once per micro-batch of a Pub/Sub source (`jobs.tracking` drains the tra
 from __future__ import annotations
 
 import bisect
-import math
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, Self, runtime_checkable
 
-from jobs.pipeline import FileSourceSpec
-
 DEFAULT_BAND_MS = 10_000
 DEFAULT_IDLE_TIMEOUT_MS = 120_000
 DEFAULT_BUCKET_MS = 1_000
-BAND_ENV = "ONCEFLOW_WATERMARK_BAND_S"
-IDLE_ENV = "ONCEFLOW_WATERMARK_IDLE_S"
 
 MessageKey = tuple[str, int]
 """A Pub/Sub message as both subscriptions of a topic see it: `(message_id, publish_time_ms)`."""
@@ -55,40 +49,6 @@ class TrackingSample:
     message_id: str
     publish_time_ms: int
     event_time_ms: int
-
-
-@dataclass(frozen=True)
-class WatermarkSettings:
-    """The watermark knobs shared by all sources: the Pub/Sub band and the idle timeout, in milliseconds."""
-
-    band_ms: int = DEFAULT_BAND_MS
-    idle_timeout_ms: int = DEFAULT_IDLE_TIMEOUT_MS
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> WatermarkSettings:
-        """Read `ONCEFLOW_WATERMARK_BAND_S` and `ONCEFLOW_WATERMARK_IDLE_S` (seconds, fractions allowed).
-
-        Unset or empty variables keep the defaults (10 s band, 120 s idle timeout). A value that is not a number,
-        a negative band or a non-positive idle timeout raises `ValueError` naming the variable.
-        """
-        env = os.environ if environ is None else environ
-        return cls(
-            band_ms=_env_ms(env, BAND_ENV, DEFAULT_BAND_MS, allow_zero=True),
-            idle_timeout_ms=_env_ms(env, IDLE_ENV, DEFAULT_IDLE_TIMEOUT_MS, allow_zero=False),
-        )
-
-
-def _env_ms(env: Mapping[str, str], name: str, default_ms: int, allow_zero: bool) -> int:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default_ms
-    try:
-        seconds = float(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
-    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
-        raise ValueError(f"{name}={raw!r} must be {'>= 0' if allow_zero else '> 0'} seconds")
-    return round(seconds * 1000)
 
 
 @runtime_checkable
@@ -387,12 +347,6 @@ class PubSubWatermark:
         self._backlog_seen_ms: int | None = None
         self._watermark_ms: int | None = None
 
-    @classmethod
-    def from_settings(cls, probe: BacklogProbe, settings: WatermarkSettings | None = None) -> PubSubWatermark:
-        """An estimator with the band and idle timeout of `settings` (default: `WatermarkSettings.from_env()`)."""
-        settings = settings or WatermarkSettings.from_env()
-        return cls(probe, band_ms=settings.band_ms, idle_timeout_ms=settings.idle_timeout_ms)
-
     @property
     def bucket_count(self) -> int:
         """How many histogram buckets the state holds."""
@@ -519,12 +473,6 @@ class FileWatermark:
         self._max_event_ms: int | None = None
         self._last_files_ms: int | None = None
         self._watermark_ms: int | None = None
-
-    @classmethod
-    def for_source(cls, spec: FileSourceSpec, settings: WatermarkSettings | None = None) -> FileWatermark:
-        """The estimator for a declared file source: its bound, and the idle timeout of `settings` (or env)."""
-        settings = settings or WatermarkSettings.from_env()
-        return cls(round(spec.out_of_orderness_s * 1000), idle_timeout_ms=settings.idle_timeout_ms)
 
     def observe(self, max_event_time_ms: int | None, now_ms: int) -> None:
         """New files at `now_ms` whose newest record has `max_event_time_ms` (None: no valid record, or waiting)."""

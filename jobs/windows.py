@@ -1,111 +1,44 @@
-"""Window: one event-time window's result, computed from a pinned version of the raw table.
+"""Windowed outputs: a user's transform applied to one window's records at a pinned raw version.
 
-A window `[start, end)` closes when the source watermark passes `end + allowed_lateness`. Closing records, once,
-the raw table's Delta version `v` (a `PaneClose`); the window's result is computed from `raw VERSION AS OF v`, so
-every retry and every backfill computes the same result (Dataflow's stable input, done with Delta time travel).
-The result is MERGEd into the window table keyed on `(window_start, key)`, replacing exactly that window.
+For each requested window, `materialize_windows` finds its current pane (see `jobs.panes`: early until the window
+closes, then on-time, then late panes under `refire`), reads `raw VERSION AS OF` the pane's version, hands the
+window's valid records to `output.transform`, and MERGEs the rows into `windows/<asset>` keyed on
+`(window_start, *keys)`, replacing exactly that window's rows. Two rows for one key is an error naming the key. A
+pane never overwrites a newer one, so a stale retry changes nothing.
 
-Panes: pane 0 is an early pane (the window has not closed; recomputed from the latest raw version, replaced by
-the final pane); pane 1 is the on-time pane fixed at the close; under the `refire` late policy each later
-materialization that finds late records closes a new late pane 2, 3, ... at a newer version. Under `drop` late
-records stay in raw and are counted.
+The window table's columns are `window_start`, `window_end`, the transform's columns, then `raw_version`, `pane`
+and `timing`.
 """
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
-from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from dataclasses import dataclass
 
 import pyarrow as pa
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
+from jobs.declaration import Pipeline, WindowedOutput
 from jobs.delta_txn import latest_version
 from jobs.ingest import BUCKET_FORMAT, ensure_raw_table
-from jobs.pipeline import Pipeline
+from jobs.panes import EARLY, LATE, ON_TIME, CloseStore, PaneClose, Window
+from jobs.schema import field_ddl
 from resources.faults import crash_point
-from resources.object_store import ObjectStore
 
-WINDOW_COLUMNS = """
-    window_start TIMESTAMP NOT NULL, window_end TIMESTAMP NOT NULL, key STRING NOT NULL, count BIGINT NOT NULL,
-    sum_value DECIMAL(38, 9) NOT NULL, raw_version BIGINT NOT NULL, pane INT NOT NULL, timing STRING NOT NULL
-"""
-PARTITION_FORMAT = "%Y-%m-%d-%H:%M"
-EARLY, ON_TIME, LATE = "early", "on_time", "late"
+WINDOWS_PER_PLAN = 32
+"""Windows computed in one Spark plan: each is its own transform over a shared cached read."""
 
 
-@dataclass(frozen=True)
-class Window:
-    """An event-time window `[start_ms, end_ms)`."""
-
-    start_ms: int
-    end_ms: int
-
-    @classmethod
-    def from_partition_key(cls, key: str, window_s: int) -> Window:
-        start = datetime.strptime(key, PARTITION_FORMAT).replace(tzinfo=UTC)
-        start_ms = int(start.timestamp() * 1000)
-        return cls(start_ms, start_ms + window_s * 1000)
-
-    @property
-    def key(self) -> str:
-        return datetime.fromtimestamp(self.start_ms / 1000, UTC).strftime(PARTITION_FORMAT)
-
-
-@dataclass(frozen=True)
-class PaneClose:
-    """The durable record that pane `pane` of a window was closed at raw version `raw_version`.
-
-    `max_batch_id` is the newest batch in raw at that version: rows of later batches are late.
-    """
-
-    window_start_ms: int
-    pane: int
-    timing: str
-    raw_version: int
-    max_batch_id: int
-    watermark_ms: int | None
-    closed_at_ms: int
-
-
-class CloseStore:
-    """Pane closes of one window asset; each is written once and never changes."""
-
-    def __init__(self, store: ObjectStore, asset: str) -> None:
-        self.store = store
-        self.asset = asset
-
-    def _prefix(self, window: Window) -> str:
-        return f"{self.asset}/closes/{window.start_ms:015d}/"
-
-    def latest(self, window: Window) -> PaneClose | None:
-        keys = self.store.list(self._prefix(window))
-        if not keys:
-            return None
-        data = self.store.read(keys[-1])
-        return PaneClose(**json.loads(data)) if data else None
-
-    def windows(self, window_s: int) -> list[Window]:
-        """Every window with a close, oldest first."""
-        starts = sorted({int(k.split("/")[-2]) for k in self.store.list(f"{self.asset}/closes/")})
-        return [Window(start, start + window_s * 1000) for start in starts]
-
-    def close(self, window: Window, close: PaneClose) -> PaneClose:
-        """Record `close` unless that pane was closed already; return the close that stands."""
-        key = f"{self._prefix(window)}pane-{close.pane:04d}.json"
-        if self.store.create(key, json.dumps(asdict(close), sort_keys=True).encode()):
-            return close
-        data = self.store.read(key)
-        assert data is not None
-        return PaneClose(**json.loads(data))
+class OutputError(RuntimeError):
+    """A transform returned something the window table cannot hold (a duplicate key, a changed schema)."""
 
 
 @dataclass
 class WindowResult:
-    """What materializing one window did, with its reconciliation numbers."""
+    """What materializing one window did: its pane, the records it was computed from, rows out, late rows."""
 
     window: Window
     pane: int
@@ -113,14 +46,30 @@ class WindowResult:
     raw_version: int
     closed: bool
     records: int
-    keys: int
+    rows: int
     late: int
     latest_raw_version: int
     watermark_ms: int | None
 
 
-def ensure_windows_table(spark: SparkSession, path: str) -> None:
-    spark.sql(f"CREATE TABLE IF NOT EXISTS delta.`{path}` ({WINDOW_COLUMNS}) USING delta")
+def input_schema(pipeline: Pipeline) -> T.StructType:
+    """What a transform receives: `record_id`, `event_time` and the schema's fields."""
+    return T.StructType(
+        [
+            T.StructField("record_id", T.StringType(), False),
+            T.StructField("event_time", T.TimestampType(), False),
+            *pipeline.record_schema,
+        ]
+    )
+
+
+def transform_output(spark: SparkSession, pipeline: Pipeline, output: WindowedOutput) -> T.StructType:
+    """The schema `output.transform` returns, analysed on an empty input (no data is read)."""
+    empty = spark.createDataFrame([], input_schema(pipeline))
+    result = output.transform(empty)
+    if not isinstance(result, DataFrame):
+        raise TypeError(f"the transform returned {type(result).__name__}, not a DataFrame")
+    return result.schema
 
 
 def _range_filter(windows: list[Window]) -> str:
@@ -157,24 +106,23 @@ def rows_per_window(
 def materialize_windows(
     spark: SparkSession,
     pipeline: Pipeline,
+    output: WindowedOutput,
     windows: list[Window],
     watermark_ms: int | None,
     closes: CloseStore,
     raw_path: str,
     windows_path: str,
 ) -> list[WindowResult]:
-    """Compute each window's current pane and MERGE them all into the window table (see the module docstring)."""
+    """Compute each window's current pane and MERGE them into the window table (see the module docstring)."""
     if not windows:
         return []
-    ensure_raw_table(spark, raw_path)  # a window materialized before any data is simply empty
-    ensure_windows_table(spark, windows_path)
+    ensure_raw_table(spark, raw_path, pipeline.record_schema)  # a window materialized before any data is empty
     latest = latest_version(spark, raw_path)
-    lateness_ms = pipeline.allowed_lateness_s * 1000
+    lateness_ms = output.allowed_lateness_s * 1000
     existing = {w: closes.latest(w) for w in windows}
-    if pipeline.late_policy == "refire":
+    refire = {}
+    if output.late_policy == "refire":
         refire = rows_per_window(spark, raw_path, latest, {w: c.max_batch_id for w, c in existing.items() if c})
-    else:
-        refire = {}
     panes: dict[Window, PaneClose | None] = {}
     for window in windows:
         close = existing[window]
@@ -186,19 +134,18 @@ def materialize_windows(
             crash_point("window.after_close")
         panes[window] = close
 
-    totals = _merge_panes(spark, raw_path, windows_path, latest, panes)
+    counts: dict[Window, tuple[int, int]] = {}
+    items = list(panes.items())
+    for start in range(0, len(items), WINDOWS_PER_PLAN):
+        counts |= _merge_panes(spark, pipeline, output, raw_path, windows_path, latest, dict(items[start:start + WINDOWS_PER_PLAN]))
     crash_point("window.after_merge")
     late = rows_per_window(spark, raw_path, latest, {w: c.max_batch_id for w, c in panes.items() if c})
     results = []
     for window, close in panes.items():
-        records, keys = totals.get(window, (0, 0))
-        version = latest if close is None else close.raw_version
-        pane, timing = (0, EARLY) if close is None else (close.pane, close.timing)
-        results.append(
-            WindowResult(
-                window, pane, timing, version, close is not None, records, keys, late.get(window, 0), latest, watermark_ms
-            )
-        )
+        records, rows = counts[window]
+        version, pane, timing = (latest, 0, EARLY) if close is None else (close.raw_version, close.pane, close.timing)
+        results.append(WindowResult(window, pane, timing, version, close is not None, records, rows,
+                                    late.get(window, 0), latest, watermark_ms))
     return results
 
 
@@ -217,64 +164,113 @@ def _new_close(
     )
 
 
-def _merge_panes(
-    spark: SparkSession, raw_path: str, windows_path: str, latest: int, panes: dict[Window, PaneClose | None]
-) -> dict[Window, tuple[int, int]]:
-    """Replace each window's rows with its pane, computed from `raw VERSION AS OF` the pane's version.
-
-    One aggregation per distinct version and one MERGE for all windows. A pane never overwrites a newer one: a
-    stale retry of an earlier pane changes nothing. Returns (records, keys) per window.
-    """
-    by_version: dict[int, list[tuple[Window, int, str]]] = {}
-    for window, close in panes.items():
-        if close is None:
-            by_version.setdefault(latest, []).append((window, 0, EARLY))
-        else:
-            by_version.setdefault(close.raw_version, []).append((window, close.pane, close.timing))
+def pane_frame(
+    spark: SparkSession, pipeline: Pipeline, output: WindowedOutput, raw_path: str, version: int,
+    panes: list[tuple[Window, int, str]],
+) -> tuple[DataFrame, DataFrame]:
+    """(records, rows): the windows' input records at `version` (with `_w`, the window start in ms) and the
+    transform's rows for every `(window, pane, timing)`, with onceflow's columns added."""
+    size = output.window_s * 1000
+    columns = ", ".join(f"`{f.name}`" for f in input_schema(pipeline))
+    records = spark.sql(
+        f"SELECT {columns}, floor(unix_millis(event_time) / {size}) * {size} AS _w "
+        f"FROM delta.`{raw_path}` VERSION AS OF {version} WHERE {_range_filter([w for w, _, _ in panes])}"
+    )
     parts = []
-    for version, items in by_version.items():
-        values = ", ".join(f"({w.start_ms}, {w.end_ms}, {pane}, '{timing}')" for w, pane, timing in items)
+    for window, pane, timing in panes:
+        rows = output.transform(records.filter(F.col("_w") == window.start_ms).drop("_w"))
         parts.append(
-            spark.sql(
-                "SELECT timestamp_millis(w.s) AS window_start, timestamp_millis(w.e) AS window_end, r.key, "
-                "count(*) AS count, CAST(sum(r.value) AS DECIMAL(38, 9)) AS sum_value, "
-                f"CAST({version} AS BIGINT) AS raw_version, CAST(w.pane AS INT) AS pane, w.timing "
-                f"FROM (SELECT key, value, event_time FROM delta.`{raw_path}` VERSION AS OF {version} "
-                f"WHERE {_range_filter([w for w, _, _ in items])}) r "
-                f"JOIN (VALUES {values}) AS w(s, e, pane, timing) "
-                "ON r.event_time >= timestamp_millis(w.s) AND r.event_time < timestamp_millis(w.e) "
-                "GROUP BY w.s, w.e, r.key, w.pane, w.timing"
+            rows.select(
+                F.timestamp_millis(F.lit(window.start_ms)).alias("window_start"),
+                F.timestamp_millis(F.lit(window.end_ms)).alias("window_end"),
+                *rows.columns,
+                F.lit(version).cast("bigint").alias("raw_version"),
+                F.lit(pane).cast("int").alias("pane"),
+                F.lit(timing).alias("timing"),
             )
         )
     result = parts[0]
     for part in parts[1:]:
         result = result.unionByName(part)
+    return records, result
+
+
+def _merge_panes(
+    spark: SparkSession,
+    pipeline: Pipeline,
+    output: WindowedOutput,
+    raw_path: str,
+    windows_path: str,
+    latest: int,
+    panes: dict[Window, PaneClose | None],
+) -> dict[Window, tuple[int, int]]:
+    """Replace each window's rows with its pane's; returns (input records, output rows) per window."""
+    by_version: dict[int, list[tuple[Window, int, str]]] = {}
+    for window, close in panes.items():
+        version = latest if close is None else close.raw_version
+        pane, timing = (0, EARLY) if close is None else (close.pane, close.timing)
+        by_version.setdefault(version, []).append((window, pane, timing))
+    frames = [pane_frame(spark, pipeline, output, raw_path, v, items) for v, items in by_version.items()]
+    # Each window's transform reads the same records: read them once.
+    cached = [records.cache() for records, _ in frames]
+    inputs: dict[int, int] = {}
+    for records in cached:
+        inputs |= {int(r["_w"]): int(r["n"]) for r in records.groupBy("_w").agg(F.count("*").alias("n")).collect()}
+    result = frames[0][1]
+    for _, more_rows in frames[1:]:
+        result = result.unionByName(more_rows)
     result = result.cache()
     try:
-        totals = {
-            int(row["s"]): (int(row["n"]), int(row["k"]))
-            for row in result.groupBy("window_start")
-            .agg(F.expr("unix_millis(window_start) AS s"), F.sum("count").alias("n"), F.count("*").alias("k"))
-            .collect()
+        _check_output(spark, output, windows_path, result)
+        rows = {
+            int(r["s"]): int(r["n"])
+            for r in result.groupBy("window_start").agg(F.expr("unix_millis(window_start) AS s"), F.count("*").alias("n")).collect()
         }
         view = f"onceflow_panes_{uuid.uuid4().hex}"
         result.createOrReplaceTempView(view)
         starts = ", ".join(f"timestamp_millis({w.start_ms})" for w in panes)
+        on = " AND ".join(["t.window_start = s.window_start", *(f"t.`{k}` <=> s.`{k}`" for k in output.keys)])
         stale = " OR ".join(
             f"(t.window_start = timestamp_millis({w.start_ms}) AND t.pane <= {0 if c is None else c.pane})"
             for w, c in panes.items()
         )
-        spark.sql(
-            f"MERGE INTO delta.`{windows_path}` t USING {view} s "
-            f"ON t.window_start IN ({starts}) AND t.window_start = s.window_start AND t.key = s.key "
-            "WHEN MATCHED AND s.pane >= t.pane THEN UPDATE SET * "
-            "WHEN NOT MATCHED THEN INSERT * "
-            f"WHEN NOT MATCHED BY SOURCE AND ({stale}) THEN DELETE"
-        )
-        spark.catalog.dropTempView(view)
+        try:
+            spark.sql(
+                f"MERGE INTO delta.`{windows_path}` t USING {view} s ON t.window_start IN ({starts}) AND {on} "
+                "WHEN MATCHED AND s.pane >= t.pane THEN UPDATE SET * "
+                "WHEN NOT MATCHED THEN INSERT * "
+                f"WHEN NOT MATCHED BY SOURCE AND ({stale}) THEN DELETE"
+            )
+        finally:
+            spark.catalog.dropTempView(view)
     finally:
         result.unpersist()
-    return {w: totals.get(w.start_ms, (0, 0)) for w in panes}
+        for records in cached:
+            records.unpersist()
+    return {w: (inputs.get(w.start_ms, 0), rows.get(w.start_ms, 0)) for w in panes}
+
+
+def _check_output(spark: SparkSession, output: WindowedOutput, windows_path: str, result: DataFrame) -> None:
+    """One row per `(window, *keys)`, then the columns the window table has (created from the first result)."""
+    keys = ["window_start", *output.keys]
+    doubled = result.groupBy(*keys).count().filter("count > 1").limit(3).collect()
+    if doubled:
+        first = doubled[0]
+        named = ", ".join(f"{k}={first[k]!r}" for k in output.keys) or "(no keys: one row per window)"
+        raise OutputError(
+            f"{output.asset}: the transform returned {first['count']} rows for window {first['window_start']} "
+            f"and key {named}; it must return one row per value of keys {list(output.keys)}"
+        )
+    columns = ", ".join(field_ddl(f) for f in result.schema)
+    spark.sql(f"CREATE TABLE IF NOT EXISTS delta.`{windows_path}` ({columns}) USING delta")
+    table = spark.read.format("delta").load(windows_path).schema
+    found = [(f.name, f.dataType.simpleString()) for f in result.schema]
+    wanted = [(f.name, f.dataType.simpleString()) for f in table]
+    if found != wanted:
+        raise OutputError(
+            f"{output.asset}: the transform now returns {found}, but {windows_path} holds {wanted}; "
+            "declare a new asset (or migrate the table) to change an output's columns"
+        )
 
 
 def pane_rows(spark: SparkSession, windows_path: str, window: Window, pane: int) -> pa.Table:

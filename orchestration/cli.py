@@ -13,8 +13,8 @@ from pathlib import Path
 from orchestration.commits_cli import add_commands as add_commit_commands
 from orchestration.status import add_commands as add_status_commands
 from resources.delta_jars import ensure_delta_jars
-from resources.lake import onceflow_home
 from resources.processes import stop_process_group
+from resources.settings import load_settings
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,25 +27,24 @@ def cmd_setup(_: argparse.Namespace) -> int:
 
 def dagster_home() -> Path:
     """`$DAGSTER_HOME`, default `<ONCEFLOW_HOME>/dagster`, with the project's `dagster.yaml` in it."""
-    home = Path(os.environ.get("DAGSTER_HOME") or Path(onceflow_home()) / "dagster")
+    settings = load_settings()
+    home = Path(settings.dagster_home or Path(settings.home_path) / "dagster")
     home.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(PROJECT_ROOT / "dagster.yaml", home / "dagster.yaml")
     return home
 
 
-def create_pubsub_resources(emulator_host: str) -> None:
+def create_sources(emulator_host: str) -> None:
     """A fresh emulator has no topics: create every Pub/Sub pipeline's topic and subscriptions on it."""
-    from jobs.pipeline import PubSubSourceSpec
-    from orchestration.pipelines import PIPELINES
-    from resources.pubsub import PubSubResource
+    from jobs.source_reader import open_source
+    from orchestration.pipelines import load_pipelines
+    from orchestration.resources import resources_for
 
     os.environ["PUBSUB_EMULATOR_HOST"] = emulator_host
-    client = PubSubResource.from_env().client()
-    for pipeline in PIPELINES:
-        spec = pipeline.source
-        if isinstance(spec, PubSubSourceSpec):
-            client.ensure_subscriptions(spec.topic, [spec.subscription, spec.tracking_subscription], spec.ack_deadline_s)
-            print(f"topic {spec.topic} with subscriptions {spec.subscription}, {spec.tracking_subscription}")
+    settings = load_settings()
+    resources = resources_for(settings)
+    for pipeline in load_pipelines(settings):
+        print(open_source(pipeline, resources["lake"], resources["pubsub"].client).reader.ensure())
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
@@ -57,7 +56,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
         emulator = start_pubsub_emulator()
         env["PUBSUB_EMULATOR_HOST"] = emulator.host
         print(f"Pub/Sub emulator on {emulator.host}")
-        create_pubsub_resources(emulator.host)
+        create_sources(emulator.host)
     # A SIGTERM (from make, a supervisor) must still stop dagster dev and the emulator, not orphan them.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     dev = subprocess.Popen(

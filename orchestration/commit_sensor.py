@@ -21,7 +21,6 @@ import dagster as dg
 from assets.commits_check import quarantine_evaluation, quarantined_of
 from jobs.commit_steps import sequence_asset
 from jobs.finalize_job import FINALIZE_JOB, SEQUENCE_TAG, finalize_run_config
-from jobs.pipeline import Pipeline
 from orchestration.runs import in_flight, runs_tagged
 from resources.commit_store import PENDING, CommitStore, SequenceState
 from resources.lake import LakeResource
@@ -84,8 +83,9 @@ def plan_sequence(
     )
 
 
-def build_commit_sensor(pipelines: list[Pipeline]) -> dg.SensorDefinition:
-    assets = sorted({p.window_asset for p in pipelines})
+def build_commit_sensor(assets: list[str]) -> dg.SensorDefinition:
+    """The one commit sensor of a code location; `assets` are its window assets (their quarantine checks)."""
+    assets = sorted(assets)
 
     @dg.sensor(
         name="commit_sensor",

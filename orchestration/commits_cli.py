@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 
 from resources.commit_store import CommitStore, SequenceState
 from resources.lake import LakeResource
+from resources.settings import load_settings
 
 
 def _when(ms: int | None) -> str:
@@ -27,7 +28,7 @@ def describe(state: SequenceState) -> str:
 
 
 def commit_store() -> CommitStore:
-    return CommitStore(LakeResource.from_env().commits())
+    return CommitStore(LakeResource(home=load_settings().home_path).commits())
 
 
 def cmd_list(_: argparse.Namespace) -> int:

@@ -1,4 +1,8 @@
-"""The onceflow code location: every pipeline's jobs and assets, generated from its declaration."""
+"""The onceflow code location: every pipeline's job, assets, checks and sensors, generated from its declaration.
+
+The pipelines are `ONCEFLOW_PIPELINES`'s (or the built-ins); settings and declarations are validated here, when
+the code location loads, so a mistake fails the load with a message naming the pipeline and field (or variable).
+"""
 
 from __future__ import annotations
 
@@ -6,36 +10,48 @@ import dagster as dg
 
 from assets.commits_check import build_commits_check
 from assets.windows import build_window_asset
+from jobs.declaration import Pipeline
 from jobs.finalize_job import finalize_commits
 from jobs.ingest_job import build_ingest_job, raw_asset_key
 from orchestration.commit_sensor import build_commit_sensor
 from orchestration.micro_batch_sensor import build_micro_batch_sensor
-from orchestration.pipelines import PIPELINES
-from orchestration.resources import resources_from_env
+from orchestration.pipelines import load_pipelines
+from orchestration.pipelines.transform_check import check_transforms
+from orchestration.resources import resources_for
 from orchestration.window_sensor import build_window_sensor
+from resources.settings import Settings, load_settings
 
 
-def build_definitions() -> dg.Definitions:
+def raw_asset(pipeline: Pipeline) -> dg.AssetSpec:
+    return dg.AssetSpec(
+        raw_asset_key(pipeline),
+        description=f"Raw records of `{pipeline.name}`, deduplicated on record ID: the Delta table "
+        f"`{pipeline.raw_table}` (dead letters in `{pipeline.dead_letter_table}`).",
+        group_name=pipeline.name,
+        kinds={"delta", "spark"},
+    )
+
+
+def build_definitions(settings: Settings | None = None) -> dg.Definitions:
+    settings = settings or load_settings()
+    pipelines = load_pipelines(settings)
+    resources = resources_for(settings)
+    check_transforms(pipelines, resources["spark"].get_session, resources["lake"].declarations())
+    outputs = [(p, o) for p in pipelines for o in p.outputs]
     return dg.Definitions(
-        assets=[
-            dg.AssetSpec(
-                raw_asset_key(p),
-                description=f"Raw records of `{p.name}`, deduplicated on record ID: the Delta table `{p.raw_table}`.",
-                group_name=p.name,
-                kinds={"delta", "spark"},
-            )
-            for p in PIPELINES
-        ]
-        + [build_window_asset(p) for p in PIPELINES],
-        asset_checks=[build_commits_check(p) for p in PIPELINES],
-        jobs=[build_ingest_job(p) for p in PIPELINES] + [finalize_commits],
-        sensors=[build_micro_batch_sensor(p) for p in PIPELINES]
-        + [build_window_sensor(p) for p in PIPELINES]
-        + [build_commit_sensor(PIPELINES)],
-        resources=resources_from_env(),
+        assets=[raw_asset(p) for p in pipelines] + [build_window_asset(p, o) for p, o in outputs],
+        asset_checks=[build_commits_check(o.asset) for _, o in outputs],
+        jobs=[build_ingest_job(p) for p in pipelines] + [finalize_commits],
+        sensors=[build_micro_batch_sensor(p, settings.idle_tick_s) for p in pipelines]
+        + [build_window_sensor(p, o) for p, o in outputs]
+        + [build_commit_sensor([o.asset for _, o in outputs])],
+        resources=resources,
         # One process per run: every job is one step, and a second process per step only adds start-up time.
         executor=dg.in_process_executor,
     )
 
 
-defs = build_definitions()
+@dg.definitions
+def defs() -> dg.Definitions:
+    """What `dagster` loads (`-m orchestration.definitions`); built on load, not on import."""
+    return build_definitions()

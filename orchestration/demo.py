@@ -110,7 +110,7 @@ class Publisher(threading.Thread):
             self.expected.messages += len(messages)
 
     def _publish(self) -> None:
-        from jobs.windows import Window
+        from jobs.panes import Window
 
         rng = random.Random(42)
         start = time.time()
@@ -153,9 +153,9 @@ class Publisher(threading.Thread):
 
 
 def _key(time_ms: int) -> str:
-    from jobs.windows import Window
+    from jobs.panes import Window
 
-    return Window(time_ms // 60_000 * 60_000, 0).key
+    return Window.at(time_ms, 60).key
 
 
 def _run_worker_pid(instance, run_id: str) -> int | None:
@@ -198,17 +198,17 @@ def run_streaming(
     """
     import dagster as dg
 
-    from jobs.micro_batch import source_handles, source_watermark_ms
-    from jobs.pipeline import PubSubSourceSpec
+    from jobs.panes import CloseStore, Window
     from jobs.reconcile import reconcile, render
-    from jobs.windows import CloseStore, Window
-    from orchestration.pipelines import events_pipeline
+    from jobs.source_reader import open_source, source_watermark_ms
+    from orchestration.pipelines import load_pipelines
+    from orchestration.resources import resources_for
     from resources.bigquery_emulator import BigQueryEmulatorUnavailable, start_bigquery_emulator
-    from resources.checkpoint import CheckpointStore
     from resources.commit_store import DONE, CommitStore
     from resources.lake import LakeResource
     from resources.pubsub import PubSubClient
     from resources.pubsub_emulator import start_pubsub_emulator
+    from resources.settings import load_settings
     from resources.spark import build_spark_session
     from resources.spark_connect import start_spark_connect_server
 
@@ -244,15 +244,18 @@ def run_streaming(
             os.environ.pop("ONCEFLOW_BIGQUERY_DATASET")
             say(f"BigQuery emulator unavailable ({missing}); publishing to files only")
 
-        pipeline = events_pipeline()
+        settings = load_settings()
+        pipeline = next(p for p in load_pipelines(settings) if p.name == "events")
+        output = pipeline.outputs[0]
+        resources = resources_for(settings)
+        lake: LakeResource = resources["lake"]
+        client: PubSubClient = resources["pubsub"].client()
+        source = open_source(pipeline, lake, lambda: client)
+        source.reader.ensure()
         spec = pipeline.source
-        assert isinstance(spec, PubSubSourceSpec)
-        client = PubSubClient(os.environ["ONCEFLOW_PUBSUB_PROJECT"])
-        client.ensure_subscriptions(spec.topic, [spec.subscription, spec.tracking_subscription], spec.ack_deadline_s)
-        lake = LakeResource.from_env()
-        closes = CloseStore(lake.checkpoints(), pipeline.window_asset)
+        closes = CloseStore(lake.checkpoints(), output.asset)
         commits = CommitStore(lake.commits())
-        checkpoints = CheckpointStore(lake.checkpoints(), pipeline.source_id)
+        checkpoints = source.checkpoints
 
         say("starting dagster-daemon: it runs the three sensors and launches their runs")
         daemon = subprocess.Popen(
@@ -263,7 +266,7 @@ def run_streaming(
         instance = dg.DagsterInstance.get()
 
         def first_closed() -> str | None:
-            windows = closes.windows(pipeline.window_s)
+            windows = closes.windows(output.window_s)
             return windows[0].key if windows else None
 
         publisher = Publisher(client, spec.topic, duration_s, rate, first_closed)
@@ -283,13 +286,13 @@ def run_streaming(
                 if killed:
                     say(f"SIGKILLed run {killed[:8]} in the middle of batch {checkpoint.next_batch}")
             windows = sorted(publisher.expected.on_time)
-            done = [w for w in windows if _published(closes, commits, Window.from_partition_key(w, 60), DONE, pipeline)]
+            done = [w for w in windows if _published(closes, commits, Window.from_partition_key(w, 60), DONE, output.asset)]
             if time.monotonic() - last_report > 5:
                 last_report = time.monotonic()
                 watermark = source_watermark_ms(checkpoint)
                 lag = f"{time.time() - watermark / 1000:.0f}s" if watermark else "-"
                 say(f"batches committed {checkpoint.committed_batch}, watermark lag {lag}, windows closed "
-                    f"{len(closes.windows(pipeline.window_s))}, published {len(done)}/{len(windows)}, "
+                    f"{len(closes.windows(output.window_s))}, published {len(done)}/{len(windows)}, "
                     f"commit sequences pending {len(commits.unfinished())}")
             if publisher.error is not None:
                 raise publisher.error
@@ -302,11 +305,10 @@ def run_streaming(
 
         say("every window is closed and published; reconciling")
         spark = build_spark_session(remote=spark_remote)
-        rows = reconcile(spark, pipeline, source_handles(pipeline, lake, client), closes, commits,
-                         lake.table_path(pipeline.windows_table))
+        rows = reconcile(spark, source, output, commits, lake.table_path(output.table))
         print(render(rows), flush=True)
         expected = publisher.expected
-        outputs = _window_outputs(spark, lake.table_path(pipeline.windows_table))
+        outputs = _window_outputs(spark, lake.table_path(output.table))
         checks = {
             "every window balances (received = inserted + duplicates + late + dead-lettered)":
                 all(r.balanced for r in rows),
@@ -323,7 +325,7 @@ def run_streaming(
         }
         for name, held in checks.items():
             print(f"  [{'ok' if held else 'FAILED'}] {name}", flush=True)
-        latencies = _latencies(instance, pipeline, expected, closes, commits)
+        latencies = _latencies(instance, pipeline.name, output.asset, expected, closes, commits)
         for name, value in latencies.items():
             print(f"  {name}: {value:.1f}s", flush=True)
         ok = all(checks.values())
@@ -361,13 +363,13 @@ def _kill_mid_batch(instance, checkpoints, committed: int) -> str | None:
     return None
 
 
-def _published(closes, commits, window, done: str, pipeline) -> bool:
+def _published(closes, commits, window, done: str, asset: str) -> bool:
     from jobs.commit_steps import sequence_id
 
     close = closes.latest(window)
     if close is None:
         return False
-    seq = sequence_id(pipeline.window_asset, window.key, close.pane)
+    seq = sequence_id(asset, window.key, close.pane)
     return commits.get(seq) is not None and commits.state(seq).status == done
 
 
@@ -379,19 +381,19 @@ def _window_outputs(spark, windows_path: str) -> dict[str, dict[str, tuple[int, 
     return outputs
 
 
-def _latencies(instance, pipeline, expected: Expected, closes, commits) -> dict[str, float]:
+def _latencies(instance, name: str, asset: str, expected: Expected, closes, commits) -> dict[str, float]:
     """Medians: publish → the event's window published; micro-batch run requested (sensor tick) → committed."""
     import dagster as dg
 
     from jobs.commit_steps import sequence_id
-    from jobs.windows import Window
+    from jobs.panes import Window
 
     done_ms: dict[str, int] = {}
     end_to_close, close_to_done = [], []
     for window in expected.on_time:
         close = closes.latest(Window.from_partition_key(window, 60))
         if close is not None:
-            state = commits.state(sequence_id(pipeline.window_asset, window, close.pane))
+            state = commits.state(sequence_id(asset, window, close.pane))
             if state.updated_at_ms is not None:
                 done_ms[window] = state.updated_at_ms
                 end_to_close.append((close.closed_at_ms - Window.from_partition_key(window, 60).end_ms) / 1000)
@@ -401,7 +403,7 @@ def _latencies(instance, pipeline, expected: Expected, closes, commits) -> dict[
         for w, events in expected.on_time.items() if w in done_ms for e in events
     ]
     records = instance.get_run_records(
-        filters=dg.RunsFilter(job_name=f"ingest_{pipeline.name}", statuses=[dg.DagsterRunStatus.SUCCESS])
+        filters=dg.RunsFilter(job_name=f"ingest_{name}", statuses=[dg.DagsterRunStatus.SUCCESS])
     )
     # Only runs that committed a batch (they record a materialization of the raw asset), not idle ticks.
     records = [

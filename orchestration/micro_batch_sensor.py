@@ -12,46 +12,36 @@ holds the last batch number requested and only grows.
 """
 
 import json
-import os
 import time
 
 import dagster as dg
 from google.api_core.exceptions import NotFound
 
+from jobs.declaration import Pipeline
 from jobs.ingest_job import source_tag
-from jobs.micro_batch import source_watermark_ms
-from jobs.pipeline import FileSourceSpec, Pipeline
+from jobs.panes import Window
+from jobs.source_reader import open_source, source_watermark_ms
 from orchestration.runs import in_flight, runs_tagged
-from resources.checkpoint import CheckpointStore, SourceCheckpoint
-from resources.files import FileSource
+from resources.checkpoint import SourceCheckpoint
 from resources.lake import LakeResource
 from resources.pubsub import PubSubResource
 
 BATCH_TAG = "onceflow/batch"
 
 
-def idle_tick_s() -> float:
-    return float(os.environ.get("ONCEFLOW_IDLE_TICK_S", "15"))
-
-
-def source_has_data(pipeline: Pipeline, checkpoint: SourceCheckpoint, pubsub: PubSubResource) -> bool:
-    spec = pipeline.source
-    if isinstance(spec, FileSourceSpec):
-        return bool(FileSource(spec.directory, spec.pattern).discover(set(checkpoint.taken_files), 1, 1))
-    return pubsub.client().has_messages(spec.subscription)
-
-
 def windows_open(pipeline: Pipeline, checkpoint: SourceCheckpoint) -> bool:
-    """Some window with data has not closed yet: the watermark has not passed its end + allowed lateness."""
+    """Some output's newest window with data has not closed: the watermark has not passed its end + lateness."""
     if checkpoint.max_event_time_ms is None:
         return False
-    window_ms = pipeline.window_s * 1000
-    last_end = (checkpoint.max_event_time_ms // window_ms + 1) * window_ms
     watermark = source_watermark_ms(checkpoint)
-    return watermark is None or watermark < last_end + pipeline.allowed_lateness_s * 1000
+    return any(
+        watermark is None
+        or watermark < Window.at(checkpoint.max_event_time_ms, o.window_s).end_ms + o.allowed_lateness_s * 1000
+        for o in pipeline.outputs
+    )
 
 
-def build_micro_batch_sensor(pipeline: Pipeline) -> dg.SensorDefinition:
+def build_micro_batch_sensor(pipeline: Pipeline, idle_tick_s: float) -> dg.SensorDefinition:
     job_name = f"ingest_{pipeline.name}"
 
     @dg.sensor(
@@ -64,28 +54,29 @@ def build_micro_batch_sensor(pipeline: Pipeline) -> dg.SensorDefinition:
     def micro_batch_sensor(
         context: dg.SensorEvaluationContext, lake: LakeResource, pubsub: PubSubResource
     ) -> dg.SensorResult | dg.SkipReason:
-        source = {**source_tag(pipeline)}
-        busy = in_flight(context.instance, runs_tagged(context.instance, source, limit=5))
+        tags = source_tag(pipeline)
+        busy = in_flight(context.instance, runs_tagged(context.instance, tags, limit=5))
         if busy:
             return dg.SkipReason(f"a batch is in flight: {busy}")
-        checkpoint = CheckpointStore(lake.checkpoints(), pipeline.source_id).load()
+        source = open_source(pipeline, lake, pubsub.client)
+        checkpoint = source.checkpoints.load()
         cursor = json.loads(context.cursor) if context.cursor else {"batch": 0, "at_ms": 0}
         now_ms = int(time.time() * 1000)
         try:
-            has_data = source_has_data(pipeline, checkpoint, pubsub)
+            has_data = source.reader.has_data(checkpoint)
         except NotFound as missing:  # the operator has not created the subscription yet: say so, keep ticking
             return dg.SkipReason(f"{pipeline.source_id}: {missing.message}")
         if has_data:
             why = "new data"
-        elif windows_open(pipeline, checkpoint) and now_ms - cursor["at_ms"] >= idle_tick_s() * 1000:
+        elif windows_open(pipeline, checkpoint) and now_ms - cursor["at_ms"] >= idle_tick_s * 1000:
             why = "idle tick: advance the watermark"
         else:
             return dg.SkipReason("no new data, and no window waiting for the watermark")
         batch = max(checkpoint.next_batch, cursor["batch"])
-        earlier = len(runs_tagged(context.instance, {**source, BATCH_TAG: str(batch)}))
+        earlier = len(runs_tagged(context.instance, {**tags, BATCH_TAG: str(batch)}))
         run_key = f"{pipeline.name}:batch:{batch}" + (f":{earlier + 1}" if earlier else "")
         return dg.SensorResult(
-            run_requests=[dg.RunRequest(run_key=run_key, tags={**source, BATCH_TAG: str(batch), "onceflow/why": why})],
+            run_requests=[dg.RunRequest(run_key=run_key, tags={**tags, BATCH_TAG: str(batch), "onceflow/why": why})],
             cursor=json.dumps({"batch": batch, "at_ms": now_ms}),
         )
 

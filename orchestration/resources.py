@@ -1,5 +1,4 @@
-"""The resources every job and asset gets, chosen by the environment (`ONCEFLOW_*`, `PUBSUB_EMULATOR_HOST`,
-`BIGQUERY_EMULATOR_HOST`)."""
+"""The resources every job, asset and sensor gets, built from the validated settings."""
 
 from __future__ import annotations
 
@@ -8,13 +7,14 @@ from typing import Any
 from resources.bigquery import BigQueryResource
 from resources.lake import LakeResource
 from resources.pubsub import PubSubResource
+from resources.settings import Settings
 from resources.spark import SparkResource
 
 
-def resources_from_env() -> dict[str, Any]:
+def resources_for(settings: Settings) -> dict[str, Any]:
     return {
-        "spark": SparkResource.from_env(),
-        "lake": LakeResource.from_env(),
-        "pubsub": PubSubResource.from_env(),
-        "bigquery": BigQueryResource.from_env(),
+        "spark": SparkResource(master=settings.spark_master, remote=settings.spark_remote, ui_enabled=settings.spark_ui),
+        "lake": LakeResource(home=settings.home_path),
+        "pubsub": PubSubResource(project=settings.pubsub_project, emulator_host=settings.pubsub_emulator_host),
+        "bigquery": BigQueryResource(project=settings.bigquery_project, api_endpoint=settings.bigquery_emulator_host),
     }

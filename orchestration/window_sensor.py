@@ -13,31 +13,26 @@ import json
 
 import dagster as dg
 
-from jobs.micro_batch import source_watermark_ms
-from jobs.pipeline import Pipeline
-from jobs.windows import CloseStore, Window
+from jobs.declaration import Pipeline, WindowedOutput
+from jobs.panes import CloseStore, Window
+from jobs.source_reader import source_watermark_ms
 from resources.checkpoint import CheckpointStore
 from resources.lake import LakeResource
 
 MAX_REQUESTS = 50
 
 
-def window_at(pipeline: Pipeline, time_ms: int) -> Window:
-    window_ms = pipeline.window_s * 1000
-    start = time_ms // window_ms * window_ms
-    return Window(start, start + window_ms)
-
-
-def build_window_sensor(pipeline: Pipeline) -> dg.SensorDefinition:
-    asset = dg.AssetKey(pipeline.window_asset)
+def build_window_sensor(pipeline: Pipeline, output: WindowedOutput) -> dg.SensorDefinition:
+    asset = dg.AssetKey(output.asset)
+    size = output.window_s
 
     @dg.sensor(
-        name=f"{pipeline.window_asset}_window_sensor",
+        name=f"{output.asset}_window_sensor",
         asset_selection=[asset],
         minimum_interval_seconds=5,
         default_status=dg.DefaultSensorStatus.RUNNING,
-        description=f"Requests the final pane of each `{pipeline.window_asset}` window when the watermark passes "
-        "its end plus the allowed lateness.",
+        description=f"Requests the final pane of each `{output.asset}` window when the watermark passes its end "
+        "plus the allowed lateness.",
     )
     def window_sensor(context: dg.SensorEvaluationContext, lake: LakeResource) -> dg.SensorResult | dg.SkipReason:
         checkpoint = CheckpointStore(lake.checkpoints(), pipeline.source_id).load()
@@ -45,33 +40,29 @@ def build_window_sensor(pipeline: Pipeline) -> dg.SensorDefinition:
         if watermark is None or checkpoint.min_event_time_ms is None or checkpoint.max_event_time_ms is None:
             return dg.SkipReason("no data and no watermark yet")
         cursor = json.loads(context.cursor) if context.cursor else {}
-        next_start = cursor.get("next_window_ms", window_at(pipeline, checkpoint.min_event_time_ms).start_ms)
+        next_start = cursor.get("next_window_ms", Window.at(checkpoint.min_event_time_ms, size).start_ms)
         requests = []
-        window = window_at(pipeline, next_start)
-        lateness_ms = pipeline.allowed_lateness_s * 1000
+        window = Window.at(next_start, size)
+        lateness_ms = output.allowed_lateness_s * 1000
         while (
             len(requests) < MAX_REQUESTS
             and window.start_ms <= checkpoint.max_event_time_ms
             and window.end_ms + lateness_ms <= watermark
         ):
-            requests.append(
-                dg.RunRequest(run_key=f"{pipeline.window_asset}:{window.key}:final", partition_key=window.key)
-            )
-            window = Window(window.end_ms, window.end_ms + pipeline.window_s * 1000)
+            requests.append(dg.RunRequest(run_key=f"{output.asset}:{window.key}:final", partition_key=window.key))
+            window = window.next()
         seen_batch = cursor.get("seen_batch", 0)
-        if pipeline.late_policy == "refire":
-            closes = CloseStore(lake.checkpoints(), pipeline.window_asset)
+        if output.late_policy == "refire":
+            closes = CloseStore(lake.checkpoints(), output.asset)
             late_from = min((t for b, t in checkpoint.recent_batches if b > seen_batch), default=None)
-            late = window_at(pipeline, late_from) if late_from is not None else None
+            late = Window.at(late_from, size) if late_from is not None else None
             while late is not None and late.start_ms < next_start and len(requests) < MAX_REQUESTS:
                 close = closes.latest(late)
                 if close is not None:
                     requests.append(
-                        dg.RunRequest(
-                            run_key=f"{pipeline.window_asset}:{late.key}:pane-{close.pane + 1}", partition_key=late.key
-                        )
+                        dg.RunRequest(run_key=f"{output.asset}:{late.key}:pane-{close.pane + 1}", partition_key=late.key)
                     )
-                late = Window(late.end_ms, late.end_ms + pipeline.window_s * 1000)
+                late = late.next()
         cursor = {"next_window_ms": window.start_ms, "seen_batch": max(seen_batch, checkpoint.committed_batch)}
         return dg.SensorResult(run_requests=requests, cursor=json.dumps(cursor))
 

@@ -1,15 +1,14 @@
 """BigQuery for publishing: dagster-gcp's `BigQueryResource`, plus the dataset windows are published to and an
 optional API endpoint (the local emulator).
 
-Publishing to BigQuery is on when a dataset is set: `ONCEFLOW_BIGQUERY_DATASET`, in the project
-`ONCEFLOW_BIGQUERY_PROJECT` (default: the one Application Default Credentials name). With `BIGQUERY_EMULATOR_HOST`
-(`http://127.0.0.1:9050`) the client talks to that endpoint unauthenticated; otherwise credentials come from ADC
-or the resource's `gcp_credentials`, never from the repository.
+Which tables a pipeline publishes to is its declaration's (`BigQuerySink`); this resource is the connection: the
+project (`ONCEFLOW_BIGQUERY_PROJECT`, default: the one Application Default Credentials name) and, with
+`BIGQUERY_EMULATOR_HOST` (`http://127.0.0.1:9050`), an emulator endpoint talked to unauthenticated; otherwise
+credentials come from ADC or the resource's `gcp_credentials`, never from the repository.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -19,22 +18,9 @@ from pydantic import Field
 
 
 class BigQueryResource(dagster_gcp.BigQueryResource):
-    """dagster-gcp's BigQuery resource with a publish `dataset` and an optional `api_endpoint`."""
+    """dagster-gcp's BigQuery resource with an optional `api_endpoint`."""
 
-    dataset: str | None = Field(default=None, description="Dataset windowed assets are published to; None: off.")
     api_endpoint: str | None = Field(default=None, description="BigQuery API endpoint, e.g. a local emulator.")
-
-    @classmethod
-    def from_env(cls) -> BigQueryResource:
-        return cls(
-            project=os.environ.get("ONCEFLOW_BIGQUERY_PROJECT") or None,
-            dataset=os.environ.get("ONCEFLOW_BIGQUERY_DATASET") or None,
-            api_endpoint=os.environ.get("BIGQUERY_EMULATOR_HOST") or None,
-        )
-
-    @property
-    def enabled(self) -> bool:
-        return self.dataset is not None
 
     @contextmanager
     def get_client(self) -> Iterator[bigquery.Client]:
@@ -56,9 +42,9 @@ class BigQueryResource(dagster_gcp.BigQueryResource):
         finally:
             client.close()
 
-    def ensure_dataset(self) -> None:
-        """Create the publish dataset if it does not exist (BigQuery loads need it)."""
-        if self.dataset is None:
-            return
+    def ensure_dataset(self, dataset: str, project: str | None = None) -> str:
+        """Create `dataset` if it does not exist (BigQuery loads need it); returns its project."""
         with self.get_client() as client:
-            client.create_dataset(self.dataset, exists_ok=True)
+            project = project or client.project
+            client.create_dataset(f"{project}.{dataset}", exists_ok=True)
+        return project

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from resources.processes import stop_process_group
 from resources.pubsub_emulator import free_port
+from resources.settings import load_settings
 
 if TYPE_CHECKING:
     from google.cloud import bigquery
@@ -79,8 +80,8 @@ class BigQueryEmulatorUnavailable(RuntimeError):
 
 
 def emulator_cache_dir() -> Path:
-    """`$ONCEFLOW_BQ_EMULATOR_DIR`, else `~/.cache/onceflow/bigquery-emulator`: shared by every checkout."""
-    configured = os.environ.get("ONCEFLOW_BQ_EMULATOR_DIR")
+    """`ONCEFLOW_BQ_EMULATOR_DIR`, else `~/.cache/onceflow/bigquery-emulator`: shared by every checkout."""
+    configured = load_settings().bq_emulator_dir
     return Path(configured) if configured else Path.home() / ".cache" / "onceflow" / "bigquery-emulator"
 
 

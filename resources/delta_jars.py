@@ -15,6 +15,8 @@ import urllib.request
 from importlib.metadata import version
 from pathlib import Path
 
+from resources.settings import load_settings
+
 MAVEN_CENTRAL = "https://repo1.maven.org/maven2"
 SCALA_BINARY = "2.13"
 ARTIFACTS = (f"delta-spark_{SCALA_BINARY}", "delta-storage")
@@ -26,8 +28,8 @@ def delta_version() -> str:
 
 
 def jar_cache_dir() -> Path:
-    """`$ONCEFLOW_JARS_DIR`, else `~/.cache/onceflow/jars`: shared by every checkout on the machine."""
-    configured = os.environ.get("ONCEFLOW_JARS_DIR")
+    """`ONCEFLOW_JARS_DIR`, else `~/.cache/onceflow/jars`: shared by every checkout on the machine."""
+    configured = load_settings().jars_dir
     return Path(configured) if configured else Path.home() / ".cache" / "onceflow" / "jars"
 
 

@@ -30,7 +30,9 @@ def crash_point(point: str) -> None:
     """Exit at once if `ONCEFLOW_CRASH_AT` names this point (and this is the k-th time it is reached)."""
     if point not in POINTS:
         raise ValueError(f"unknown crash point {point!r}")
-    wanted = os.environ.get("ONCEFLOW_CRASH_AT", "")
+    from resources.settings import load_settings  # settings validate point names against POINTS, defined here
+
+    wanted = load_settings().crash_at
     if not wanted:
         return
     name, _, nth = wanted.partition("#")

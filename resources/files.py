@@ -18,7 +18,7 @@ class FileChangedError(RuntimeError):
     """A file taken by a batch is not the file it was when the batch was planned."""
 
 
-class FileSource:
+class JsonLinesDirectory:
     def __init__(self, directory: str | Path, pattern: str = "*.jsonl") -> None:
         self.directory = Path(directory).absolute()
         self.pattern = pattern

@@ -1,26 +1,18 @@
 """Where onceflow keeps its state: `$ONCEFLOW_HOME` (default `./.onceflow`), on local disk or `gs://`.
 
 Under it: `lake/` holds the Delta tables, `landing/` the immutable batch files, `checkpoints/` the source
-checkpoints and `commits/` the commit sequences.
+checkpoints, `commits/` the commit sequences, `published/` the file sink and `staging/` files BigQuery loads read.
 """
 
 from __future__ import annotations
 
-import os
 import re
-from pathlib import Path
 
 import dagster as dg
 
 from resources.object_store import ObjectStore, open_store
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*(/[a-z][a-z0-9_]*)*$")
-
-
-def onceflow_home() -> str:
-    """`$ONCEFLOW_HOME` as an absolute path (or a `gs://` URL), default `./.onceflow`."""
-    home = os.environ.get("ONCEFLOW_HOME", ".onceflow")
-    return home.rstrip("/") if "://" in home else str(Path(home).absolute())
 
 
 def checked_name(name: str) -> str:
@@ -34,10 +26,6 @@ class LakeResource(dg.ConfigurableResource):
     """Resolves Delta table paths and the landing area under one root."""
 
     home: str
-
-    @classmethod
-    def from_env(cls) -> LakeResource:
-        return cls(home=onceflow_home())
 
     def table_path(self, name: str) -> str:
         """The Delta table `name` (for example `raw/events`) under `<home>/lake`."""
@@ -55,3 +43,11 @@ class LakeResource(dg.ConfigurableResource):
     def sink_root(self) -> str:
         """Where the file sink publishes: `<home>/published`."""
         return f"{self.home}/published"
+
+    def staging_root(self) -> str:
+        """Where a BigQuery-only output stages the pane files its loads read: `<home>/staging`."""
+        return f"{self.home}/staging"
+
+    def declarations(self) -> ObjectStore:
+        """Verdicts of load-time transform checks, by fingerprint: `<home>/declarations`."""
+        return open_store(f"{self.home}/declarations")

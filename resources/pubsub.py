@@ -7,7 +7,6 @@ talks to the emulator; otherwise to Google Cloud with Application Default Creden
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -46,8 +45,10 @@ class PulledBatch:
 class PubSubClient:
     """Topic and subscription management, bounded synchronous pulls, lease extension and acks."""
 
-    def __init__(self, project: str) -> None:
+    def __init__(self, project: str, emulator_host: str | None = None) -> None:
         self.project = project
+        # The client library reads PUBSUB_EMULATOR_HOST itself; the settings read the same variable.
+        self.emulated = emulator_host is not None
         self.publisher = pubsub_v1.PublisherClient()
         self.subscriber = pubsub_v1.SubscriberClient()
 
@@ -165,13 +166,10 @@ def _chunks(items: Sequence[str], size: int) -> Iterator[Sequence[str]]:
 
 
 class PubSubResource(dg.ConfigurableResource):
-    """The Pub/Sub project; the emulator is used when `PUBSUB_EMULATOR_HOST` is set."""
+    """The Pub/Sub project; `emulator_host` is the emulator's address (`PUBSUB_EMULATOR_HOST`), None on GCP."""
 
     project: str = "onceflow-local"
-
-    @classmethod
-    def from_env(cls) -> PubSubResource:
-        return cls(project=os.environ.get("ONCEFLOW_PUBSUB_PROJECT", "onceflow-local"))
+    emulator_host: str | None = None
 
     def client(self) -> PubSubClient:
-        return PubSubClient(self.project)
+        return PubSubClient(self.project, self.emulator_host)

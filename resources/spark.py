@@ -5,8 +5,6 @@ Every session gets Delta's SQL extension and catalog, UTC as its time zone and s
 
 from __future__ import annotations
 
-import os
-
 import dagster as dg
 from pydantic import Field
 from pyspark.sql import SparkSession
@@ -67,15 +65,6 @@ class SparkResource(dg.ConfigurableResource):
     app_name: str = "onceflow"
     ui_enabled: bool = False
     conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark settings.")
-
-    @classmethod
-    def from_env(cls) -> SparkResource:
-        """Settings from `ONCEFLOW_SPARK_MASTER`, `ONCEFLOW_SPARK_REMOTE` and `ONCEFLOW_SPARK_UI`."""
-        return cls(
-            master=os.environ.get("ONCEFLOW_SPARK_MASTER", "local[2]"),
-            remote=os.environ.get("ONCEFLOW_SPARK_REMOTE") or None,
-            ui_enabled=os.environ.get("ONCEFLOW_SPARK_UI", "false").lower() == "true",
-        )
 
     def get_session(self) -> SparkSession:
         return build_spark_session(self.master, self.remote, self.app_name, self.ui_enabled, self.conf)

@@ -9,10 +9,14 @@ import tempfile
 import time
 import uuid
 
-from jobs.micro_batch import SourceHandles, run_micro_batch, source_handles
-from jobs.pipeline import Pipeline, PubSubSourceSpec
+from jobs.declaration import FileSink, Pipeline, PubSubSource, WindowedOutput
+from jobs.micro_batch import run_micro_batch
+from jobs.source_reader import SourceRuntime, open_source
+from orchestration.pipelines import load_pipelines, resolve
+from orchestration.pipelines.events import SCHEMA, event_counts
 from resources.lake import LakeResource
 from resources.pubsub import PubSubClient
+from resources.settings import load_settings
 
 TOPIC, SUBSCRIPTION, TRACKING = "onceflow-events", "onceflow-events-sub", "onceflow-events-tracking"
 
@@ -21,37 +25,50 @@ def new_project() -> str:
     return f"test-{uuid.uuid4().hex[:10]}"
 
 
+def builtin(name: str) -> Pipeline:
+    """A built-in pipeline as the code location would load it with the current `ONCEFLOW_*` settings."""
+    return next(p for p in load_pipelines(load_settings()) if p.name == name)
+
+
 def events_pipeline(max_messages: int = 500, ack_deadline_s: int = 60, delivery: str = "exactly_once") -> Pipeline:
-    return Pipeline(
-        name="events",
-        source=PubSubSourceSpec(
-            topic=TOPIC,
-            subscription=SUBSCRIPTION,
-            tracking_subscription=TRACKING,
-            id_attribute="event_id",
-            timestamp_attribute="event_time",
-            max_messages=max_messages,
-            max_seconds=10.0,
-            ack_deadline_s=ack_deadline_s,
+    """`events` on Pub/Sub with test-sized batches, resolved against the current settings."""
+    return resolve(
+        Pipeline(
+            name="events",
+            source=PubSubSource(
+                topic=TOPIC,
+                subscription=SUBSCRIPTION,
+                tracking_subscription=TRACKING,
+                id_attribute="event_id",
+                timestamp_attribute="event_time",
+                max_messages=max_messages,
+                max_seconds=10.0,
+                ack_deadline_s=ack_deadline_s,
+            ),
+            schema=SCHEMA,
+            delivery=delivery,
+            outputs=[
+                WindowedOutput(asset="event_counts", window="1m", allowed_lateness="30s", keys=["key"],
+                               transform=event_counts, sinks=[FileSink()])
+            ],
         ),
-        delivery=delivery,  # type: ignore[arg-type]
+        load_settings(),
     )
 
 
-def setup(project: str, home: str, pipeline: Pipeline) -> tuple[PubSubClient, SourceHandles]:
-    client = PubSubClient(project)
-    spec = pipeline.source
-    assert isinstance(spec, PubSubSourceSpec)
-    client.ensure_subscriptions(spec.topic, [spec.subscription, spec.tracking_subscription], spec.ack_deadline_s)
-    return client, source_handles(pipeline, LakeResource(home=home), client)
+def setup(project: str, home: str, pipeline: Pipeline) -> tuple[PubSubClient, SourceRuntime]:
+    client = PubSubClient(project, load_settings().pubsub_emulator_host)
+    source = open_source(pipeline, LakeResource(home=home), lambda: client)
+    source.reader.ensure()
+    return client, source
 
 
-def drain(get_spark, pipeline: Pipeline, handles: SourceHandles, redelivery_wait_s: float = 0.0) -> list:
+def drain(get_spark, source: SourceRuntime, redelivery_wait_s: float = 0.0) -> list:
     """Run micro-batches until the source is empty; optionally wait once for unacked messages to come back."""
     results = []
     waited = False
     while True:
-        result = run_micro_batch(get_spark, pipeline, handles)
+        result = run_micro_batch(get_spark, source)
         if result is not None:
             results.append(result)
             continue
@@ -61,8 +78,11 @@ def drain(get_spark, pipeline: Pipeline, handles: SourceHandles, redelivery_wait
         waited = True
 
 
-def dagster_cli(args: list[str], home: str, crash_at: str | None, **settings: str) -> subprocess.CompletedProcess[str]:
-    """Run a `dagster` command in its own process against a fresh instance, as an operator would.
+def dagster_cli(
+    args: list[str], home: str, crash_at: str | None, dagster_home: str | None = None, **settings: str
+) -> subprocess.CompletedProcess[str]:
+    """Run a `dagster` command in its own process, as an operator would, against the instance in `dagster_home`
+    (a fresh one when None).
 
     `settings` become `ONCEFLOW_<NAME>` variables (`pubsub_project="p"` sets `ONCEFLOW_PUBSUB_PROJECT`).
     """
@@ -72,26 +92,31 @@ def dagster_cli(args: list[str], home: str, crash_at: str | None, **settings: st
         env.pop(inherited, None)
     if crash_at:
         env["ONCEFLOW_CRASH_AT"] = crash_at
-    with tempfile.TemporaryDirectory() as dagster_home:
-        env["DAGSTER_HOME"] = dagster_home
+    with tempfile.TemporaryDirectory() as fresh:
+        env["DAGSTER_HOME"] = dagster_home or fresh
         return subprocess.run(
             [sys.executable, "-m", "dagster", *args], env=env, capture_output=True, text=True, timeout=300
         )
 
 
-def dagster_micro_batch(home: str, crash_at: str | None, **settings: str) -> subprocess.CompletedProcess[str]:
-    """`dagster job execute -j ingest_events`."""
-    return dagster_cli(["job", "execute", "-m", "orchestration.definitions", "-j", "ingest_events"], home, crash_at, **settings)
+def dagster_micro_batch(
+    home: str, crash_at: str | None, pipeline: str = "events", dagster_home: str | None = None, **settings: str
+) -> subprocess.CompletedProcess[str]:
+    """`dagster job execute -j ingest_<pipeline>`."""
+    args = ["job", "execute", "-m", "orchestration.definitions", "-j", f"ingest_{pipeline}"]
+    return dagster_cli(args, home, crash_at, dagster_home, **settings)
 
 
 def dagster_materialize(
-    home: str, partition: str, crash_at: str | None = None, **settings: str
+    home: str, partition: str, crash_at: str | None = None, asset: str = "event_counts", dagster_home: str | None = None,
+    **settings: str,
 ) -> subprocess.CompletedProcess[str]:
-    """`dagster asset materialize --select event_counts --partition K` (or `--partition-range A...B`)."""
+    """`dagster asset materialize --select <asset> --partition K` (or `--partition-range A...B`)."""
     flag = "--partition-range" if "..." in partition else "--partition"
     return dagster_cli(
-        ["asset", "materialize", "-m", "orchestration.definitions", "--select", "event_counts", flag, partition],
+        ["asset", "materialize", "-m", "orchestration.definitions", "--select", asset, flag, partition],
         home,
         crash_at,
+        dagster_home,
         **settings,
     )

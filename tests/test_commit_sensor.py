@@ -26,8 +26,8 @@ from jobs.finalize_job import FINALIZE_JOB, SEQUENCE_TAG, finalize_run_config
 from jobs.publish import BigQueryTarget
 from orchestration.commit_sensor import build_commit_sensor
 from orchestration.definitions import build_definitions
-from orchestration.pipelines import PIPELINES
 from resources.commit_store import DONE, PENDING, QUARANTINED
+from resources.spark_connect import SparkConnectServer
 from tests.test_commit_steps import (
     ASSET,
     STEP_COUNT,
@@ -42,6 +42,12 @@ REPO = Path(__file__).resolve().parents[1]
 # Runs start at once (no queue daemon here); `RETRIES` as in the project's dagster.yaml.
 LAUNCH_NOW = {"run_coordinator": {"module": "dagster._core.run_coordinator", "class": "DefaultRunCoordinator"}}
 RETRIES = {"run_retries": {"enabled": True, "max_retries": 2, "retry_on_asset_or_op_failure": True}}
+
+
+@pytest.fixture(autouse=True)
+def warm_engine(spark_connect: SparkConnectServer) -> None:
+    """Loading the definitions checks the transforms with Spark; this (and every process launched) uses the
+    warm engine."""
 
 
 @pytest.fixture
@@ -81,7 +87,7 @@ def retrying_instance(tmp_path: Path) -> Iterator[dg.DagsterInstance]:
 def evaluate(instance: dg.DagsterInstance, home: Path, cursor: str | None = None) -> dg.SensorResult:
     from resources.lake import LakeResource
 
-    sensor = build_commit_sensor(PIPELINES)
+    sensor = build_commit_sensor([ASSET])
     context = dg.build_sensor_context(instance=instance, cursor=cursor, resources={"lake": LakeResource(home=str(home))})
     result = sensor(context)
     assert isinstance(result, dg.SensorResult)

@@ -34,8 +34,8 @@ from jobs.commit_steps import (
     sequence_id,
     sha256_hex,
 )
-from jobs.publish import WINDOW_SCHEMA, BigQueryTarget, PublishedPane, publish_pane
-from jobs.windows import Window
+from jobs.panes import Window
+from jobs.publish import BigQueryTarget, PublishedPane, publish_pane
 from resources.bigquery_emulator import BigQueryEmulator
 from resources.commit_store import DONE, FAILED, PENDING, QUARANTINED, CommitStore
 from resources.faults import CRASH_EXIT_CODE
@@ -45,6 +45,18 @@ T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[1]
 IN_CI = os.environ.get("CI", "").lower() == "true"
 ASSET = "event_counts"
+WINDOW_SCHEMA = (
+    ("window_start", "TIMESTAMP"),
+    ("window_end", "TIMESTAMP"),
+    ("key", "STRING"),
+    ("count", "INT64"),
+    ("sum_value", "NUMERIC"),
+    ("raw_version", "INT64"),
+    ("pane", "INT64"),
+    ("timing", "STRING"),
+)
+"""The `event_counts` window table's columns as BigQuery types: what these panes hold."""
+KEY_COLUMNS = ("window_start", "key")
 WINDOW = Window.from_partition_key("2026-11-21-10:05", 60)
 OTHER_WINDOW = Window.from_partition_key("2026-11-21-10:06", 60)
 PANE_1 = {"a": (3, "1.500000000"), "b": (1, "-2.250000000"), "c": (7, "12345678901234567890.123456789")}
@@ -57,7 +69,7 @@ STEP_COUNT = 4
 def target(bigquery_client: bigquery.Client) -> BigQueryTarget:
     """A BigQuery target in a new, empty dataset for one test."""
     dataset = bigquery_client.create_dataset(f"test_{uuid.uuid4().hex[:12]}").dataset_id
-    return BigQueryTarget(bigquery_client.project, dataset, ASSET)
+    return BigQueryTarget(bigquery_client.project, dataset, ASSET, KEY_COLUMNS)
 
 
 @pytest.fixture
@@ -91,7 +103,7 @@ def publish(
 ) -> PublishedPane:
     return publish_pane(
         commit_store(home), asset=ASSET, window=window, pane=pane, rows=pane_rows(window, pane, values),
-        sink_root=str(home / "published"), bigquery=target, rows_per_shard=2, max_attempts=max_attempts,
+        schema=WINDOW_SCHEMA, sink_root=str(home / "published"), bigquery=target, rows_per_shard=2, max_attempts=max_attempts,
     )
 
 
@@ -164,7 +176,7 @@ import json, sys
 from datetime import UTC, datetime
 from decimal import Decimal
 from jobs.publish import BigQueryTarget, publish_pane
-from jobs.windows import Window
+from jobs.panes import Window
 from resources.commit_store import CommitStore
 from resources.object_store import LocalStore
 
@@ -176,8 +188,8 @@ for row in spec["rows"]:
     row["window_end"] = datetime.fromtimestamp(row["window_end"] / 1000, UTC)
     row["sum_value"] = Decimal(row["sum_value"])
 publish_pane(CommitStore(LocalStore(home + "/commits")), asset="event_counts", window=window, pane=1,
-             rows=spec["rows"], sink_root=home + "/published", bigquery=BigQueryTarget(*spec["target"]),
-             rows_per_shard=2)
+             rows=spec["rows"], schema=[tuple(c) for c in spec["schema"]], sink_root=home + "/published",
+             bigquery=BigQueryTarget(*spec["target"][:3], tuple(spec["target"][3])), rows_per_shard=2)
 print("not crashed")
 """
 
@@ -226,7 +238,8 @@ def test_a_crash_after_writing_the_sequence_leaves_it_for_the_next_run(
         for row in pane_rows(WINDOW, 1, PANE_1)
     ]
     spec = {"start_ms": WINDOW.start_ms, "end_ms": WINDOW.end_ms, "rows": rows,
-            "target": [target.project, target.dataset, target.table]}
+            "target": [target.project, target.dataset, target.table, list(target.key_columns)],
+            "schema": WINDOW_SCHEMA}
 
     crashed = run_child(CHILD_PUBLISH, str(home), json.dumps(spec), crash_at="commit.after_write_sequence")
 
@@ -584,24 +597,24 @@ def test_publish_refuses_rows_that_do_not_belong(home: Path) -> None:
     rows = pane_rows(WINDOW, 1, PANE_1)
     with pytest.raises(ValueError, match="not in window"):
         publish_pane(commit_store(home), asset=ASSET, window=OTHER_WINDOW, pane=1, rows=rows,
-                     sink_root=str(home / "published"))
+                     schema=WINDOW_SCHEMA, sink_root=str(home / "published"))
     with pytest.raises(ValueError, match="not in pane 2"):
         publish_pane(commit_store(home), asset=ASSET, window=WINDOW, pane=2, rows=rows,
-                     sink_root=str(home / "published"))
+                     schema=WINDOW_SCHEMA, sink_root=str(home / "published"))
     with pytest.raises(ValueError, match="only final panes"):
         publish_pane(commit_store(home), asset=ASSET, window=WINDOW, pane=0, rows=rows,
-                     sink_root=str(home / "published"))
+                     schema=WINDOW_SCHEMA, sink_root=str(home / "published"))
     naive = [{**rows[0], "window_end": rows[0]["window_end"].replace(tzinfo=None)}]
     with pytest.raises(ValueError, match="timezone-aware"):
         publish_pane(commit_store(home), asset=ASSET, window=WINDOW, pane=1, rows=naive,
-                     sink_root=str(home / "published"))
+                     schema=WINDOW_SCHEMA, sink_root=str(home / "published"))
     too_fine = [{**rows[0], "sum_value": Decimal("0.0000000001")}]
     with pytest.raises(ValueError, match="more than 9 decimal places"):
         publish_pane(commit_store(home), asset=ASSET, window=WINDOW, pane=1, rows=too_fine,
-                     sink_root=str(home / "published"))
+                     schema=WINDOW_SCHEMA, sink_root=str(home / "published"))
     with pytest.raises(ValueError, match="differ from the schema"):
         publish_pane(commit_store(home), asset=ASSET, window=WINDOW, pane=1, rows=[{"key": "a"}],
-                     sink_root=str(home / "published"))
+                     schema=WINDOW_SCHEMA, sink_root=str(home / "published"))
     assert commit_store(home).sequences() == []
 
 
@@ -615,6 +628,6 @@ def test_publish_accepts_a_pyarrow_table(home: Path) -> None:
         ("raw_version", pa.int64()), ("pane", pa.int32()), ("timing", pa.string()),
     ]))
     sequence = publish_pane(commit_store(home), asset=ASSET, window=WINDOW, pane=1, rows=table,
-                            sink_root=str(home / "published"), rows_per_shard=2).sequence
+                            schema=WINDOW_SCHEMA, sink_root=str(home / "published"), rows_per_shard=2).sequence
     assert run_sequence(context(home), sequence.id, run_id="run-1").outcome == DONE
     assert sink_files(home) == expected_files(WINDOW, 1, PANE_1)

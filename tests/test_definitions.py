@@ -1,19 +1,27 @@
-"""The whole code location loads, with the names users and tests script against."""
+"""The whole code location loads, with the names users and tests script against, for the built-in pipelines."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import dagster as dg
+import pytest
 
-from orchestration.definitions import defs
+from orchestration.definitions import build_definitions
+from resources.spark_connect import SparkConnectServer
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_definitions_have_the_reference_pipeline() -> None:
+@pytest.fixture
+def defs(spark_connect: SparkConnectServer, home: Path) -> dg.Definitions:
+    return build_definitions()
+
+
+def test_definitions_have_the_reference_pipeline(defs: dg.Definitions) -> None:
     job = defs.get_job_def("ingest_events")
     assert [node.name for node in job.nodes] == ["micro_batch_events"]
     assert job.tags["onceflow/source"] == "events/pubsub"
@@ -22,12 +30,10 @@ def test_definitions_have_the_reference_pipeline() -> None:
     partitions = counts.partitions_def
     assert isinstance(partitions, dg.TimeWindowPartitionsDefinition)
     assert partitions.fmt == "%Y-%m-%d-%H:%M" and partitions.timezone == "UTC"
-    assert partitions.get_partition_keys_in_range(
-        dg.PartitionKeyRange(partitions.get_first_partition_key(), partitions.get_last_partition_key())
-    )[:2] == [partitions.get_first_partition_key(), partitions.get_partition_key_for_timestamp(
-        partitions.start.timestamp() + 60
-    )]
-    assert len(partitions.get_partition_keys()) < 100_000
+    # A fixed start (the pipeline's start_date), not one that moves with the clock.
+    assert partitions.get_first_partition_key() == "2026-11-01-00:00"
+    keys = partitions.get_partition_keys_in_range(dg.PartitionKeyRange("2026-11-01-00:00", "2026-11-01-00:02"))
+    assert keys == ["2026-11-01-00:00", "2026-11-01-00:01", "2026-11-01-00:02"]
     assert counts.backfill_policy == dg.BackfillPolicy.single_run()
     assert {c.name for c in counts.check_specs} == {
         "counts_match_raw",
@@ -37,18 +43,36 @@ def test_definitions_have_the_reference_pipeline() -> None:
     assert dg.AssetKey("raw_events") in counts.dependency_keys
 
 
-def test_definitions_have_the_sensors_the_finalize_job_and_the_quarantine_check() -> None:
+def test_definitions_have_the_orders_example_beside_events(defs: dg.Definitions) -> None:
+    assert defs.get_job_def("ingest_orders").tags["onceflow/source"] == "orders/pubsub"
+    sales = defs.get_assets_def("region_sales")
+    partitions = sales.partitions_def
+    assert isinstance(partitions, dg.TimeWindowPartitionsDefinition)
+    keys = partitions.get_partition_keys_in_range(dg.PartitionKeyRange("2026-11-01-00:00", "2026-11-01-00:10"))
+    assert keys == ["2026-11-01-00:00", "2026-11-01-00:05", "2026-11-01-00:10"]
+    assert dg.AssetKey("raw_orders") in sales.dependency_keys
+    pools = {defs.get_job_def(f"ingest_{name}").nodes[0].definition.pool for name in ("events", "orders")}
+    assert pools == {"onceflow_source_events", "onceflow_source_orders"}
+
+
+def test_definitions_have_the_sensors_the_finalize_job_and_the_quarantine_checks(defs: dg.Definitions) -> None:
     sensors = {s.name: s for s in defs.sensors}
-    assert set(sensors) == {"events_micro_batch_sensor", "event_counts_window_sensor", "commit_sensor"}
+    assert set(sensors) == {
+        "events_micro_batch_sensor", "event_counts_window_sensor",
+        "orders_micro_batch_sensor", "region_sales_window_sensor",
+        "commit_sensor",
+    }
     assert all(s.default_status == dg.DefaultSensorStatus.RUNNING for s in sensors.values())
     assert sensors["events_micro_batch_sensor"].job_name == "ingest_events"
+    assert sensors["orders_micro_batch_sensor"].job_name == "ingest_orders"
     finalize = defs.get_job_def("finalize_commits")
     assert [node.name for node in finalize.nodes] == ["finalize_sequence"]
     check_keys = {key for checks in defs.asset_checks for key in checks.check_keys}
-    assert dg.AssetCheckKey(dg.AssetKey("event_counts"), "commits_not_quarantined") in check_keys
+    for asset in ("event_counts", "region_sales"):
+        assert dg.AssetCheckKey(dg.AssetKey(asset), "commits_not_quarantined") in check_keys
 
 
-def test_workspace_validates() -> None:
+def test_workspace_validates(spark_connect: SparkConnectServer, home: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "dagster", "definitions", "validate", "-w", str(ROOT / "workspace.yaml")],
         cwd=ROOT,
@@ -58,3 +82,40 @@ def test_workspace_validates() -> None:
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Validation successful" in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "settings", "message"),
+    [
+        (
+            "import dataclasses\nfrom tests.user_pipelines import *\n"
+            "out = dataclasses.replace(orders.outputs[0], keys=['area'])\n"
+            "PIPELINES = [dataclasses.replace(orders, outputs=[out])]\n",
+            {},
+            "pipeline 'orders': output 'region_sales': key 'area' is not a column of the transform's output "
+            "(region, orders, revenue, customers)",
+        ),
+        (
+            "import dataclasses\nfrom tests.user_pipelines import *\n"
+            "out = dataclasses.replace(orders.outputs[0], transform=lambda r: r.groupBy('regoin').count())\n"
+            "PIPELINES = [dataclasses.replace(orders, outputs=[out])]\n",
+            {},
+            "pipeline 'orders': output 'region_sales': the transform fails on the declared schema",
+        ),
+        ("from tests.user_pipelines import *\n", {"ONCEFLOW_MAX_MESSAGES": "-5"}, "ONCEFLOW_MAX_MESSAGES='-5'"),
+    ],
+)
+def test_a_bad_declaration_or_setting_fails_the_code_location_load(
+    spark_connect: SparkConnectServer, home: Path, tmp_path: Path, module: str, settings: dict[str, str], message: str
+) -> None:
+    (tmp_path / "my_pipelines.py").write_text(module)
+    env = {
+        **os.environ, "PYTHONPATH": f"{tmp_path}:{ROOT}", "ONCEFLOW_PIPELINES": "my_pipelines",
+        "ONCEFLOW_BIGQUERY_DATASET": "sales", **settings,
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "dagster", "definitions", "validate", "-m", "orchestration.definitions"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode != 0
+    assert message in result.stderr + result.stdout, (result.stderr + result.stdout)[-3000:]

@@ -56,7 +56,7 @@ def test_sensors_drive_exactly_once_through_a_killed_run(spark_connect: SparkCon
             assert f"{window}  pane 1 (on_time)" in status.stdout and "published" in status.stdout
         assert "commit sequences: 0 pending, 0 quarantined" in status.stdout
         verify = onceflow("verify", result.home, spark_connect)
-        assert verify.returncode == 0 and "events: exactly-once holds" in verify.stdout, verify.stdout + verify.stderr
+        assert verify.returncode == 0 and "events event_counts: exactly-once holds" in verify.stdout, verify.stdout + verify.stderr
 
         # A record lost from the raw table is caught: its window no longer balances.
         raw = result.home / "lake" / "raw" / "events"

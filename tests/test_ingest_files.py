@@ -2,28 +2,28 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
 
-from jobs.land import plan_file_batch
-from jobs.micro_batch import run_micro_batch, source_handles
-from jobs.pipeline import Pipeline
-from orchestration.pipelines import events_pipeline
+from jobs.declaration import Pipeline
+from jobs.micro_batch import run_micro_batch
+from jobs.source_reader import SourceRuntime, open_source
 from orchestration.workload import Event, expected_raw, make_events
 from resources.files import FileChangedError
 from resources.lake import LakeResource
 from tests.delta_reader import read_rows
-from tests.pipelines import dagster_micro_batch, drain
+from tests.pipelines import builtin, dagster_micro_batch, drain
 
 RAW = ["record_id", "event_time", "key", "value"]
 START_MS = 1_763_720_000_000
 BAD_LINES = [
     ("not_json", "{not json"),
-    ("missing_key", json.dumps({"event_id": "f-bad-1", "event_time": START_MS, "value": 1})),
-    ("wrong_type_value", json.dumps({"event_id": "f-bad-2", "event_time": START_MS, "key": "k", "value": [1]})),
+    ("missing_field", json.dumps({"event_id": "f-bad-1", "event_time": START_MS, "value": 1})),
+    ("wrong_type", json.dumps({"event_id": "f-bad-2", "event_time": START_MS, "key": "k", "value": [1]})),
     ("bad_event_time", json.dumps({"event_id": "f-bad-3", "event_time": "soon", "key": "k", "value": 1})),
     ("missing_event_time", json.dumps({"event_id": "f-bad-4", "key": "k", "value": 1})),
 ]
@@ -53,56 +53,61 @@ def seed_files(directory: Path) -> list[Event]:
     return events
 
 
-def handles_for(pipeline: Pipeline, home: Path):
-    return source_handles(pipeline, LakeResource(home=str(home)), None)
+def source_for(pipeline: Pipeline, home: Path) -> SourceRuntime:
+    return open_source(pipeline, LakeResource(home=str(home)))
+
+
+def plan_next(source: SourceRuntime):
+    """Plan the next batch without reading it, as a run that died right after planning would have."""
+    return source.reader.next_plan(source.checkpoints.load(), None)
 
 
 def test_files_land_exactly_once_with_dead_letters(spark: SparkSession, incoming: Path, home: Path) -> None:
     events = seed_files(incoming)
-    pipeline = events_pipeline()
-    handles = handles_for(pipeline, home)
+    pipeline = builtin("events")
+    source = source_for(pipeline, home)
 
-    results = drain(lambda: spark, pipeline, handles)
+    results = drain(lambda: spark, source)
 
-    assert [sorted(f.path for f in handles.checkpoints.get_plan(r.batch_id).files) for r in results] == [
+    assert [sorted(f.path for f in source.checkpoints.get_plan(r.batch_id).files) for r in results] == [
         ["a.jsonl", "b.jsonl"],
         ["sub/c.jsonl"],
     ]
-    assert read_rows(handles.raw_path, RAW) == expected_raw(events)
-    assert sorted(r[0] for r in read_rows(handles.dead_letter_path, ["reason"])) == sorted(r for r, _ in BAD_LINES)
+    assert read_rows(source.raw_path, RAW) == expected_raw(events)
+    assert sorted(r[0] for r in read_rows(source.dead_letter_path, ["reason"])) == sorted(r for r, _ in BAD_LINES)
     assert sum(r.received for r in results) == 310 + len(BAD_LINES)
     assert sum(r.duplicates for r in results) == 10 and all(r.balances() for r in results)
     # Nothing new: no batch, and the files are not read twice.
-    assert run_micro_batch(lambda: spark, pipeline, handles) is None
+    assert run_micro_batch(lambda: spark, source) is None
 
 
 def test_positional_record_ids_without_an_id_field(spark: SparkSession, incoming: Path, home: Path) -> None:
     lines = [json.dumps({"event_time": START_MS, "key": "k", "value": v}) for v in (1, 22, 333)]
     write_jsonl(incoming / "p.jsonl", lines)
-    base = events_pipeline()
-    pipeline = Pipeline(**{**base.__dict__, "source": type(base.source)(**{**base.source.__dict__, "id_field": None})})
-    handles = handles_for(pipeline, home)
+    base = builtin("events")
+    pipeline = dataclasses.replace(base, source=dataclasses.replace(base.source, id_field=None))
+    source = source_for(pipeline, home)
 
-    drain(lambda: spark, pipeline, handles)
+    drain(lambda: spark, source)
 
     offsets = [0, len(lines[0]) + 1, len(lines[0]) + len(lines[1]) + 2]
-    assert [r[0] for r in read_rows(handles.raw_path, ["record_id"])] == sorted(f"p.jsonl:{o}" for o in offsets)
+    assert [r[0] for r in read_rows(source.raw_path, ["record_id"])] == sorted(f"p.jsonl:{o}" for o in offsets)
 
 
 def test_a_batch_is_exactly_what_was_planned_before_a_crash(spark: SparkSession, incoming: Path, home: Path) -> None:
     events = seed_files(incoming)
-    pipeline = events_pipeline()
-    handles = handles_for(pipeline, home)
-    plan = plan_file_batch(pipeline, handles.files, handles.checkpoints)  # planned, then the process died
+    pipeline = builtin("events")
+    source = source_for(pipeline, home)
+    plan = plan_next(source)  # planned, then the process died
     assert plan is not None
     late = make_events(5, START_MS, 1000, seed=22, prefix="late")
     write_jsonl(incoming / "0-early-name.jsonl", [e.json_line() for e in late])  # sorts first, arrived later
 
-    results = drain(lambda: spark, pipeline, handles)
+    results = drain(lambda: spark, source)
 
-    assert sorted(f.path for f in handles.checkpoints.get_plan(1).files) == ["a.jsonl", "b.jsonl"]
+    assert sorted(f.path for f in source.checkpoints.get_plan(1).files) == ["a.jsonl", "b.jsonl"]
     assert results[0].batch_id == 1 and results[0].received == 210 + len(BAD_LINES)
-    assert read_rows(handles.raw_path, RAW) == expected_raw(events + late)
+    assert read_rows(source.raw_path, RAW) == expected_raw(events + late)
 
 
 def test_crash_after_merge_then_rerun_gives_the_same_table(
@@ -112,15 +117,15 @@ def test_crash_after_merge_then_rerun_gives_the_same_table(
     # This run builds a classic local Spark session (no Connect server), so that path is exercised too.
     crashed = dagster_micro_batch(str(home), "ingest.after_merge", spark_remote="")
     assert "crash injected at ingest.after_merge" in crashed.stderr + crashed.stdout, crashed.stderr[-3000:]
-    pipeline = events_pipeline()
-    handles = handles_for(pipeline, home)
-    assert handles.checkpoints.load().committed_batch == 0  # committed to Delta, checkpoint not advanced
+    pipeline = builtin("events")
+    source = source_for(pipeline, home)
+    assert source.checkpoints.load().committed_batch == 0  # committed to Delta, checkpoint not advanced
 
-    results = drain(lambda: spark, pipeline, handles)
+    results = drain(lambda: spark, source)
 
     assert results[0].batch_id == 1 and results[0].replayed
-    assert read_rows(handles.raw_path, RAW) == expected_raw(events)
-    assert handles.checkpoints.load().totals == {
+    assert read_rows(source.raw_path, RAW) == expected_raw(events)
+    assert source.checkpoints.load().totals == {
         "received": 310 + len(BAD_LINES),
         "inserted": 300,
         "duplicates": 10,
@@ -132,12 +137,12 @@ def test_a_file_changed_after_planning_is_an_error_naming_it(
     spark: SparkSession, incoming: Path, home: Path
 ) -> None:
     seed_files(incoming)
-    pipeline = events_pipeline()
-    handles = handles_for(pipeline, home)
-    plan_file_batch(pipeline, handles.files, handles.checkpoints)
+    pipeline = builtin("events")
+    source = source_for(pipeline, home)
+    plan_next(source)
     with (incoming / "b.jsonl").open("a") as handle:
         handle.write(make_events(1, START_MS, 1, prefix="x")[0].json_line() + "\n")
 
     with pytest.raises(FileChangedError, match=r"b\.jsonl changed after batch planning"):
-        run_micro_batch(lambda: spark, pipeline, handles)
-    assert not Path(handles.raw_path).exists() or read_rows(handles.raw_path, ["record_id"]) == []
+        run_micro_batch(lambda: spark, source)
+    assert not Path(source.raw_path).exists() or read_rows(source.raw_path, ["record_id"]) == []

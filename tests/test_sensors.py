@@ -13,14 +13,14 @@ import dagster as dg
 import pytest
 from dagster._core.test_utils import create_run_for_test
 
-from jobs.pipeline import Pipeline
-from jobs.windows import CloseStore, PaneClose, Window
+from jobs.declaration import Pipeline
+from jobs.panes import CloseStore, PaneClose, Window
 from orchestration.micro_batch_sensor import BATCH_TAG, build_micro_batch_sensor
-from orchestration.pipelines import events_pipeline
 from orchestration.window_sensor import build_window_sensor
 from resources.checkpoint import CheckpointStore, SourceCheckpoint
 from resources.lake import LakeResource
 from resources.pubsub import PubSubResource
+from tests.pipelines import builtin
 
 BASE = 1_795_000_000_000 // 60_000 * 60_000  # a minute boundary
 
@@ -37,7 +37,7 @@ def pipeline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Pipeline:
     monkeypatch.setenv("ONCEFLOW_EVENTS_DIR", str(tmp_path / "in"))
     monkeypatch.setenv("ONCEFLOW_LATE_POLICY", "refire")
     (tmp_path / "in").mkdir()
-    return events_pipeline()
+    return builtin("events")
 
 
 def evaluate(sensor: dg.SensorDefinition, instance: dg.DagsterInstance, lake: LakeResource, cursor: str | None):
@@ -50,7 +50,7 @@ def test_micro_batch_sensor_requests_the_next_batch_one_at_a_time(
     tmp_path: Path, instance: dg.DagsterInstance, pipeline: Pipeline
 ) -> None:
     lake = LakeResource(home=str(tmp_path / "home"))
-    sensor = build_micro_batch_sensor(pipeline)
+    sensor = build_micro_batch_sensor(pipeline, idle_tick_s=15)
     assert isinstance(evaluate(sensor, instance, lake, None), dg.SkipReason)  # no data, no open window
 
     (tmp_path / "in" / "a.jsonl").write_text('{"event_id": "1", "event_time": 1, "key": "k", "value": 1}\n')
@@ -82,7 +82,7 @@ def test_window_sensor_requests_closed_windows_in_order_then_refires_late_ones(
     tmp_path: Path, instance: dg.DagsterInstance, pipeline: Pipeline
 ) -> None:
     lake = LakeResource(home=str(tmp_path / "home"))
-    sensor = build_window_sensor(pipeline)
+    sensor = build_window_sensor(pipeline, pipeline.outputs[0])
     assert isinstance(evaluate(sensor, instance, lake, None), dg.SkipReason)  # no watermark yet
 
     checkpoints = CheckpointStore(lake.checkpoints(), pipeline.source_id)

@@ -34,7 +34,10 @@ DEV = ["dagster", "dev", "-w", "workspace.yaml", "-h", "127.0.0.1"]
 MATERIALIZE = ["dagster", "asset", "materialize", "-m", LOCATION, "--select", "event_counts"]
 # pyspark marks a process that opened a Spark Connect session; that is this process's state, not a setting.
 INHERITED = ("ONCEFLOW_CRASH_AT", "SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE")
-SENSORS = ["events_micro_batch_sensor", "event_counts_window_sensor", "commit_sensor"]
+SENSORS = [
+    "events_micro_batch_sensor", "event_counts_window_sensor", "orders_micro_batch_sensor", "region_sales_window_sensor",
+    "commit_sensor",
+]
 # Dagster's UI opens a newsletter dialog on localhost until it is dismissed, which this browser has done already.
 NUX_DISMISSED = 'window.localStorage.setItem("communityNux", JSON.stringify("1"))'
 # The placeholder Dagster's UI draws where data is still loading.

@@ -12,7 +12,6 @@ from typing import Any, Self
 
 import pytest
 
-from jobs.pipeline import FileSourceSpec
 from jobs.watermark import (
     BacklogProbe,
     CloudMonitoringBacklogProbe,
@@ -22,7 +21,6 @@ from jobs.watermark import (
     PubSubWatermark,
     TrackingSample,
     WatermarkEstimator,
-    WatermarkSettings,
 )
 
 T0 = 1_763_720_000_000  # 2025-11-21T10:13:20Z, a whole second
@@ -303,31 +301,6 @@ def test_restoring_an_older_state_does_not_move_backward() -> None:
     assert watermark.to_state()["watermark_ms"] == T0 + 50_000
     with pytest.raises(ValueError, match="kind 'files'"):
         watermark.from_state({"kind": "files"})
-
-
-def test_band_and_idle_timeout_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("ONCEFLOW_WATERMARK_BAND_S", raising=False)
-    monkeypatch.delenv("ONCEFLOW_WATERMARK_IDLE_S", raising=False)
-    assert WatermarkSettings.from_env() == WatermarkSettings(band_ms=10_000, idle_timeout_ms=120_000)
-    monkeypatch.setenv("ONCEFLOW_WATERMARK_BAND_S", "2.5")
-    monkeypatch.setenv("ONCEFLOW_WATERMARK_IDLE_S", "30")
-    assert WatermarkSettings.from_env() == WatermarkSettings(band_ms=2_500, idle_timeout_ms=30_000)
-    watermark = PubSubWatermark.from_settings(EmulatorBacklogProbe())
-    message = Msg("1", T0, T0)
-    watermark.observe([message.sample()], T0)
-    watermark.committed([message.key])
-    assert watermark.current(T0) == T0 - 2_500
-    assert watermark.current(T0 + 29_999) == T0 - 2_500
-    assert watermark.current(T0 + 30_000) == T0 + 30_000 - 2_500
-    files = FileWatermark.for_source(FileSourceSpec(directory="/in", out_of_orderness_s=4.0))
-    files.observe(T0, T0)
-    assert files.current(T0 + 29_999) == T0 - 4_000
-    assert files.current(T0 + 30_000) == T0 + 30_000 - 4_000
-    for name, value in (("ONCEFLOW_WATERMARK_BAND_S", "ten"), ("ONCEFLOW_WATERMARK_IDLE_S", "0")):
-        monkeypatch.setenv(name, value)
-        with pytest.raises(ValueError, match=name):
-            WatermarkSettings.from_env()
-        monkeypatch.setenv(name, "5")
 
 
 def test_file_watermark_bound_and_monotonic() -> None:

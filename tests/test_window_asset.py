@@ -11,13 +11,13 @@ import pytest
 from google.cloud import bigquery
 from pyspark.sql import SparkSession
 
-from jobs.micro_batch import source_handles, source_watermark_ms
-from jobs.windows import CloseStore, Window, materialize_windows
-from orchestration.pipelines import events_pipeline
+from jobs.panes import CloseStore, Window
+from jobs.source_reader import open_source, source_watermark_ms
+from jobs.windows import materialize_windows
 from resources.commit_store import CommitStore
 from resources.lake import LakeResource
 from tests.delta_reader import read_rows
-from tests.pipelines import dagster_materialize, drain
+from tests.pipelines import builtin, dagster_materialize, drain
 from tests.test_windows import WINDOW_ROWS, expected_rows, five_window_workload, minute_base, write_events
 
 ALL_COLUMNS = [*WINDOW_ROWS, "window_end", "raw_version"]
@@ -31,14 +31,14 @@ def ingested(spark: SparkSession, tmp_path: Path, home: Path, monkeypatch: pytes
     base = minute_base()
     on_time, _, _ = five_window_workload(base)
     write_events(tmp_path / "in" / "1.jsonl", on_time)
-    pipeline = events_pipeline()
+    pipeline = builtin("events")
     lake = LakeResource(home=str(home))
-    handles = source_handles(pipeline, lake, None)
-    drain(lambda: spark, pipeline, handles)
-    watermark = source_watermark_ms(handles.checkpoints.load())
+    source = open_source(pipeline, lake)
+    drain(lambda: spark, source)
+    watermark = source_watermark_ms(source.checkpoints.load())
     assert watermark is not None
     windows = [Window(base + w * 60_000, base + (w + 1) * 60_000) for w in range(5)]
-    closed = [w.end_ms + pipeline.allowed_lateness_s * 1000 <= watermark for w in windows]
+    closed = [w.end_ms + pipeline.outputs[0].allowed_lateness_s * 1000 <= watermark for w in windows]
     assert closed[0] and not closed[-1]  # some windows final, some still open
     return pipeline, lake, base, on_time, windows, closed
 
@@ -95,7 +95,7 @@ def test_materializing_twice_and_backfilling_twice_leave_the_table_identical(
     ingested, home: Path, bigquery_client: bigquery.Client, dataset: str
 ) -> None:
     pipeline, lake, base, on_time, windows, closed = ingested
-    windows_path = lake.table_path(pipeline.windows_table)
+    windows_path = lake.table_path(pipeline.outputs[0].table)
     settings = {
         "events_source": "files", "events_dir": str(Path(pipeline.source.directory)),
         "bigquery_project": bigquery_client.project, "bigquery_dataset": dataset,
@@ -126,7 +126,7 @@ def test_window_crash_then_rerun_gives_the_same_result(
     ingested, spark: SparkSession, home: Path, crash_at: str, bigquery_client: bigquery.Client, dataset: str
 ) -> None:
     pipeline, lake, base, on_time, windows, closed = ingested
-    windows_path = lake.table_path(pipeline.windows_table)
+    windows_path = lake.table_path(pipeline.outputs[0].table)
     settings = {
         "events_source": "files", "events_dir": str(Path(pipeline.source.directory)),
         "bigquery_project": bigquery_client.project, "bigquery_dataset": dataset,
@@ -134,7 +134,7 @@ def test_window_crash_then_rerun_gives_the_same_result(
 
     crashed = dagster_materialize(str(home), windows[0].key, crash_at, **settings)
     assert f"crash injected at {crash_at.split('#')[0]}" in crashed.stderr + crashed.stdout, crashed.stderr[-3000:]
-    closes = CloseStore(lake.checkpoints(), pipeline.window_asset)
+    closes = CloseStore(lake.checkpoints(), pipeline.outputs[0].asset)
     first_close = closes.latest(windows[0])
     assert first_close is not None and first_close.pane == 1  # the close was recorded before the crash
 
@@ -148,7 +148,8 @@ def test_window_crash_then_rerun_gives_the_same_result(
     before = read_rows(windows_path, ALL_COLUMNS)
     watermark = first_close.watermark_ms
     materialize_windows(
-        spark, pipeline, [windows[0]], watermark, closes, lake.table_path(pipeline.raw_table), windows_path
+        spark, pipeline, pipeline.outputs[0], [windows[0]], watermark, closes, lake.table_path(pipeline.raw_table),
+        windows_path,
     )
     assert read_rows(windows_path, ALL_COLUMNS) == before
     assert_published(home, windows_path, windows[:1], closed[:1], bigquery_client, dataset)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from decimal import Decimal
@@ -10,11 +11,15 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from jobs.micro_batch import source_handles
-from jobs.pipeline import FileSourceSpec, Pipeline
-from jobs.windows import CloseStore, Window, materialize_windows
+from jobs.declaration import FileSink, FileSource, Pipeline, WindowedOutput
+from jobs.panes import CloseStore, Window
+from jobs.source_reader import open_source
+from jobs.windows import OutputError, materialize_windows
+from orchestration.pipelines import resolve
+from orchestration.pipelines.events import SCHEMA, event_counts
 from orchestration.workload import Event
 from resources.lake import LakeResource
+from resources.settings import load_settings
 from tests.delta_reader import read_rows
 from tests.pipelines import drain
 
@@ -63,12 +68,13 @@ def expected_rows(base: int, events: list[Event], windows: range, pane: int, tim
 
 
 def file_pipeline(directory: Path, late_policy: str = "drop") -> Pipeline:
-    return Pipeline(
-        name="events",
-        window_asset="event_counts",
-        source=FileSourceSpec(directory=str(directory), id_field="event_id", timestamp_field="event_time"),
-        late_policy=late_policy,  # type: ignore[arg-type]
+    """`events` over files: one output, `event_counts`, with 1-minute windows and 30 s of allowed lateness."""
+    output = WindowedOutput(
+        asset="event_counts", window="1m", allowed_lateness="30s", late_policy=late_policy, keys=["key"],
+        transform=event_counts, sinks=[FileSink()],
     )
+    source = FileSource(directory=str(directory), id_field="event_id", timestamp_field="event_time")
+    return resolve(Pipeline(name="events", source=source, schema=SCHEMA, outputs=[output]), load_settings())
 
 
 @pytest.mark.parametrize("late_policy", ["drop", "refire"])
@@ -79,22 +85,23 @@ def test_final_windows_count_on_time_events_and_late_ones_are_accounted(
     on_time, late, more = five_window_workload(base)
     pipeline = file_pipeline(tmp_path / "in", late_policy)
     lake = LakeResource(home=str(home))
-    handles = source_handles(pipeline, lake, None)
-    closes = CloseStore(lake.checkpoints(), pipeline.window_asset)
+    output = pipeline.outputs[0]
+    source = open_source(pipeline, lake)
+    closes = CloseStore(lake.checkpoints(), output.asset)
     windows = [Window(base + w * 60_000, base + (w + 1) * 60_000) for w in range(5)]
-    windows_path = lake.table_path(pipeline.windows_table)
+    windows_path = lake.table_path(output.table)
 
     def materialize(ws: list[Window], watermark_ms: int) -> list:
-        return materialize_windows(spark, pipeline, ws, watermark_ms, closes, handles.raw_path, windows_path)
+        return materialize_windows(spark, pipeline, output, ws, watermark_ms, closes, source.raw_path, windows_path)
 
     write_events(tmp_path / "in" / "1.jsonl", on_time)
-    drain(lambda: spark, pipeline, handles)
+    drain(lambda: spark, source)
     first = materialize(windows[:3], windows[2].end_ms + LATENESS_MS)  # windows 0-2 close
     early = materialize(windows[3:], windows[2].end_ms + LATENESS_MS)  # 3-4 still open: early panes
     assert [(r.pane, r.timing, r.closed) for r in first + early] == [(1, "on_time", True)] * 3 + [(0, "early", False)] * 2
 
     write_events(tmp_path / "in" / "2.jsonl", late + more)
-    drain(lambda: spark, pipeline, handles)
+    drain(lambda: spark, source)
     final = materialize(windows, windows[4].end_ms + LATENESS_MS)
 
     table = read_rows(windows_path, WINDOW_ROWS)
@@ -114,7 +121,7 @@ def test_final_windows_count_on_time_events_and_late_ones_are_accounted(
             + expected_rows(base, on_time + more, range(3, 5), 1, "on_time")
         )
     # The raw table keeps every record, late ones included.
-    assert len(read_rows(handles.raw_path, ["record_id"])) == len(on_time) + len(late) + len(more)
+    assert len(read_rows(source.raw_path, ["record_id"])) == len(on_time) + len(late) + len(more)
 
     # Recomputing (a retry, a backfill) changes nothing, row for row.
     full = read_rows(windows_path, [*WINDOW_ROWS, "window_end", "raw_version"])
@@ -127,18 +134,19 @@ def test_a_stale_early_pane_never_overwrites_the_final_pane(spark: SparkSession,
     on_time, _, _ = five_window_workload(base)
     pipeline = file_pipeline(tmp_path / "in")
     lake = LakeResource(home=str(home))
-    handles = source_handles(pipeline, lake, None)
-    windows_path = lake.table_path(pipeline.windows_table)
+    output = pipeline.outputs[0]
+    source = open_source(pipeline, lake)
+    windows_path = lake.table_path(output.table)
     window = Window(base, base + 60_000)
     write_events(tmp_path / "in" / "1.jsonl", on_time)
-    drain(lambda: spark, pipeline, handles)
-    closes = CloseStore(lake.checkpoints(), pipeline.window_asset)
-    materialize_windows(spark, pipeline, [window], window.end_ms + LATENESS_MS, closes, handles.raw_path, windows_path)
+    drain(lambda: spark, source)
+    closes = CloseStore(lake.checkpoints(), output.asset)
+    materialize_windows(spark, pipeline, output, [window], window.end_ms + LATENESS_MS, closes, source.raw_path, windows_path)
     final = read_rows(windows_path, WINDOW_ROWS)
 
     # An early-pane run that started before the close and finishes after it.
     empty = CloseStore(lake.landing(), "nothing-closed-here")
-    materialize_windows(spark, pipeline, [window], None, empty, handles.raw_path, windows_path)
+    materialize_windows(spark, pipeline, output, [window], None, empty, source.raw_path, windows_path)
 
     assert read_rows(windows_path, WINDOW_ROWS) == final
     assert {r[-2:] for r in final} == {(1, "on_time")}
@@ -149,15 +157,35 @@ def test_a_stale_early_pane_never_overwrites_the_final_pane(spark: SparkSession,
 
 def test_a_window_materialized_before_any_data_is_empty(spark: SparkSession, tmp_path: Path, home: Path) -> None:
     pipeline = file_pipeline(tmp_path / "in")
+    output = pipeline.outputs[0]
     lake = LakeResource(home=str(home))
     base = minute_base()
     window = Window(base, base + 60_000)
-    closes = CloseStore(lake.checkpoints(), pipeline.window_asset)
+    closes = CloseStore(lake.checkpoints(), output.asset)
 
     (result,) = materialize_windows(
-        spark, pipeline, [window], window.end_ms + LATENESS_MS, closes,
-        lake.table_path(pipeline.raw_table), lake.table_path(pipeline.windows_table),
+        spark, pipeline, output, [window], window.end_ms + LATENESS_MS, closes,
+        lake.table_path(pipeline.raw_table), lake.table_path(output.table),
     )
 
-    assert (result.pane, result.timing, result.records, result.keys, result.late) == (1, "on_time", 0, 0, 0)
-    assert read_rows(lake.table_path(pipeline.windows_table), WINDOW_ROWS) == []
+    assert (result.pane, result.timing, result.records, result.rows, result.late) == (1, "on_time", 0, 0, 0)
+    assert read_rows(lake.table_path(output.table), WINDOW_ROWS) == []
+
+
+def test_a_transform_with_two_rows_for_one_key_is_an_error_naming_it(
+    spark: SparkSession, tmp_path: Path, home: Path
+) -> None:
+    base = minute_base()
+    pipeline = file_pipeline(tmp_path / "in")
+    output = dataclasses.replace(pipeline.outputs[0], transform=lambda records: records.select("key", "value"))
+    lake = LakeResource(home=str(home))
+    source = open_source(pipeline, lake)
+    write_events(tmp_path / "in" / "1.jsonl", five_window_workload(base)[0])
+    drain(lambda: spark, source)
+    window = Window(base, base + 60_000)
+
+    with pytest.raises(OutputError, match=r"event_counts: the transform returned \d+ rows for window .* and key "
+                                          r"key='k[0-2]'; it must return one row per value of keys \['key'\]"):
+        materialize_windows(spark, pipeline, output, [window], None, CloseStore(lake.checkpoints(), output.asset),
+                            source.raw_path, lake.table_path(output.table))
+    assert not Path(lake.table_path(output.table)).exists()  # nothing merged, no table made from a wrong result

@@ -1,0 +1,197 @@
+"""Record schemas as pipelines declare them (a Spark DDL string), parsed without Spark, and their type mappings.
+
+`parse_schema` reads the DDL subset a JSON record can fill (`name TYPE [NOT NULL] [COMMENT '...']`, comma-
+separated) into a pyspark `StructType`, so a declaration with an unknown type fails when the code location loads,
+before any JVM starts. Types: STRING (VARCHAR(n), CHAR(n)), BOOLEAN, TINYINT, SMALLINT, INT, BIGINT, FLOAT,
+DOUBLE, DECIMAL(p, s), DATE, TIMESTAMP, TIMESTAMP_NTZ, ARRAY<T>, MAP<STRING, T>, STRUCT<name: T, ...>, VARIANT.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pyspark.sql import types as T
+
+_TOKEN = re.compile(r"\s*(`[^`]+`|[A-Za-z_][A-Za-z0-9_]*|[0-9]+|'(?:[^'\\]|\\.)*'|[(),<>:])")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SIMPLE: dict[str, T.DataType] = {
+    "STRING": T.StringType(),
+    "BOOLEAN": T.BooleanType(),
+    "BOOL": T.BooleanType(),
+    "TINYINT": T.ByteType(),
+    "BYTE": T.ByteType(),
+    "SMALLINT": T.ShortType(),
+    "SHORT": T.ShortType(),
+    "INT": T.IntegerType(),
+    "INTEGER": T.IntegerType(),
+    "BIGINT": T.LongType(),
+    "LONG": T.LongType(),
+    "FLOAT": T.FloatType(),
+    "REAL": T.FloatType(),
+    "DOUBLE": T.DoubleType(),
+    "DATE": T.DateType(),
+    "TIMESTAMP": T.TimestampType(),
+    "TIMESTAMP_LTZ": T.TimestampType(),
+    "TIMESTAMP_NTZ": T.TimestampNTZType(),
+    "VARIANT": T.VariantType(),
+}
+INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
+
+
+class SchemaError(ValueError):
+    """A schema string that is not a record schema onceflow can validate records against."""
+
+
+def parse_schema(ddl: str) -> T.StructType:
+    """Parse `"customer STRING NOT NULL, amount DECIMAL(18,2) NOT NULL, note STRING"` into a `StructType`."""
+    if not isinstance(ddl, str) or not ddl.strip():
+        raise SchemaError("the schema is empty: declare at least one field, e.g. \"key STRING NOT NULL\"")
+    tokens = _tokens(ddl)
+    parser = _Parser(tokens, ddl)
+    fields = [parser.field(top_level=True)]
+    while parser.accept(","):
+        fields.append(parser.field(top_level=True))
+    parser.end()
+    names = [f.name for f in fields]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise SchemaError(f"field {duplicates[0]!r} is declared twice")
+    return T.StructType(fields)
+
+
+def _tokens(ddl: str) -> list[str]:
+    tokens, position = [], 0
+    while position < len(ddl):
+        match = _TOKEN.match(ddl, position)
+        if match is None:
+            if not ddl[position:].strip():
+                break
+            raise SchemaError(f"unexpected {ddl[position:position + 20]!r} at character {position + 1}")
+        tokens.append(match.group(1))
+        position = match.end()
+    return tokens
+
+
+class _Parser:
+    def __init__(self, tokens: list[str], text: str) -> None:
+        self.tokens, self.text, self.i = tokens, text, 0
+
+    def peek(self) -> str | None:
+        return self.tokens[self.i] if self.i < len(self.tokens) else None
+
+    def take(self, what: str) -> str:
+        token = self.peek()
+        if token is None:
+            raise SchemaError(f"the schema ends where {what} was expected")
+        self.i += 1
+        return token
+
+    def accept(self, token: str) -> bool:
+        if (self.peek() or "").upper() == token:
+            self.i += 1
+            return True
+        return False
+
+    def expect(self, token: str, after: str) -> None:
+        if not self.accept(token):
+            raise SchemaError(f"expected {token!r} after {after}, found {self.peek()!r}")
+
+    def end(self) -> None:
+        if self.peek() is not None:
+            raise SchemaError(f"unexpected {self.peek()!r}: fields are separated by commas")
+
+    def field(self, top_level: bool) -> T.StructField:
+        name = self.take("a field name").strip("`")
+        if not _NAME.match(name):
+            raise SchemaError(f"field name {name!r}: use letters, digits and '_' (not starting with a digit)")
+        if not top_level:
+            self.accept(":")
+        data_type = self.type(f"field {name!r}")
+        nullable = True
+        if self.accept("NOT"):
+            self.expect("NULL", f"NOT in field {name!r}")
+            nullable = False
+        if self.accept("COMMENT"):
+            self.take("a comment")
+        return T.StructField(name, data_type, nullable)
+
+    def type(self, where: str) -> T.DataType:
+        word = self.take(f"the type of {where}")
+        upper = word.upper()
+        if upper in ("VARCHAR", "CHAR"):
+            self.expect("(", upper)
+            self.number(upper)
+            self.expect(")", upper)
+            return T.StringType()
+        if upper in ("DECIMAL", "DEC", "NUMERIC"):
+            precision, scale = 10, 0
+            if self.accept("("):
+                precision = self.number(upper)
+                if self.accept(","):
+                    scale = self.number(upper)
+                self.expect(")", f"{upper}({precision}")
+            if not 1 <= precision <= 38 or not 0 <= scale <= precision:
+                raise SchemaError(f"{where}: DECIMAL({precision}, {scale}) needs 1 <= precision <= 38, scale <= precision")
+            return T.DecimalType(precision, scale)
+        if upper == "ARRAY":
+            self.expect("<", "ARRAY")
+            element = self.type(f"the elements of {where}")
+            self.expect(">", "the ARRAY element type")
+            return T.ArrayType(element)
+        if upper == "MAP":
+            self.expect("<", "MAP")
+            key = self.type(f"the keys of {where}")
+            if not isinstance(key, T.StringType):
+                raise SchemaError(f"{where}: MAP keys must be STRING (JSON object keys are strings)")
+            self.expect(",", "the MAP key type")
+            value = self.type(f"the values of {where}")
+            self.expect(">", "the MAP value type")
+            return T.MapType(key, value)
+        if upper == "STRUCT":
+            self.expect("<", "STRUCT")
+            fields = [self.field(top_level=False)]
+            while self.accept(","):
+                fields.append(self.field(top_level=False))
+            self.expect(">", "the STRUCT fields")
+            return T.StructType(fields)
+        if upper in _SIMPLE:
+            return _SIMPLE[upper]
+        if upper == "BINARY":
+            raise SchemaError(f"{where}: BINARY cannot come from JSON (it has no bytes type); declare STRING")
+        raise SchemaError(f"{where}: unknown type {word!r}")
+
+    def number(self, where: str) -> int:
+        token = self.take(f"a number in {where}")
+        if not token.isdigit():
+            raise SchemaError(f"expected a number in {where}, found {token!r}")
+        return int(token)
+
+
+def field_ddl(field: T.StructField) -> str:
+    """One column of a CREATE TABLE: `` `name` type [NOT NULL] ``."""
+    return f"`{field.name}` {field.dataType.simpleString()}{'' if field.nullable else ' NOT NULL'}"
+
+
+def bigquery_type(data_type: T.DataType) -> str:
+    """The BigQuery column type that holds `data_type` exactly; `ValueError` for types without one."""
+    if isinstance(data_type, T.StringType):
+        return "STRING"
+    if isinstance(data_type, INTEGRAL):
+        return "INT64"
+    if isinstance(data_type, T.DecimalType):
+        # NUMERIC is DECIMAL(38, 9) with 29 integer digits; anything wider needs BIGNUMERIC.
+        return "NUMERIC" if data_type.scale <= 9 and data_type.precision - data_type.scale <= 29 else "BIGNUMERIC"
+    if isinstance(data_type, T.FloatType | T.DoubleType):
+        return "FLOAT64"
+    if isinstance(data_type, T.BooleanType):
+        return "BOOL"
+    if isinstance(data_type, T.TimestampType):
+        return "TIMESTAMP"
+    if isinstance(data_type, T.TimestampNTZType):
+        return "DATETIME"
+    if isinstance(data_type, T.DateType):
+        return "DATE"
+    raise ValueError(
+        f"{data_type.simpleString()} has no column type in the sinks (supported: strings, integers, decimals, "
+        "floating point, booleans, dates and timestamps)"
+    )

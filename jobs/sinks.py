@@ -1,0 +1,85 @@
+"""Where an output's final panes go, and publishing every window a materialization closed.
+
+An output's sinks (its declaration's `FileSink` and `BigQuerySink`) resolve to a files root and a BigQuery
+target. A BigQuery-only output still stages its pane files (under `<home>/staging`): the load reads them, by
+checksum, from there. Publishing is `jobs.publish.publish_pane` (the commit sequence, written ahead) then
+`run_sequence` once; whatever that attempt leaves unfinished, the commit sensor finishes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyspark.sql import SparkSession
+
+from jobs.commit_steps import CommitContext, CommitResult, run_sequence
+from jobs.declaration import BigQuerySink, FileSink, WindowedOutput
+from jobs.publish import BigQueryTarget, publish_pane
+from jobs.schema import bigquery_type
+from jobs.windows import WindowResult, pane_rows
+
+
+@dataclass(frozen=True)
+class OutputSinks:
+    """An output's resolved sinks: `files_root` None means no files (and then no BigQuery either)."""
+
+    files_root: str | None
+    bigquery: BigQueryTarget | None
+
+
+def output_sinks(
+    output: WindowedOutput, published_root: str, staging_root: str, bigquery_project: str | None
+) -> OutputSinks:
+    """Resolve an output's declared sinks; `bigquery_project` is the project of a BigQuerySink without one."""
+    file_sink = next((s for s in output.sinks if isinstance(s, FileSink)), None)
+    bq_sink = next((s for s in output.sinks if isinstance(s, BigQuerySink)), None)
+    target = None
+    if bq_sink is not None:
+        project = bq_sink.project or bigquery_project
+        if project is None or bq_sink.dataset is None:
+            raise ValueError(f"{output.asset}: BigQuerySink(table={bq_sink.table!r}) needs a project and a dataset")
+        target = BigQueryTarget(project, bq_sink.dataset, bq_sink.table, ("window_start", *output.keys))
+    if file_sink is not None:
+        return OutputSinks(file_sink.path or published_root, target)
+    return OutputSinks(staging_root if target is not None else None, target)
+
+
+def window_table_schema(spark: SparkSession, windows_path: str) -> list[tuple[str, str]]:
+    """The window table's columns as (name, BigQuery type): what a published pane's rows hold."""
+    schema = spark.read.format("delta").load(windows_path).schema
+    return [(f.name, bigquery_type(f.dataType)) for f in schema]
+
+
+def publish_closed(
+    spark: SparkSession,
+    ctx: CommitContext,
+    output: WindowedOutput,
+    sinks: OutputSinks,
+    windows_path: str,
+    results: list[WindowResult],
+    run_id: str,
+    root_run_id: str,
+) -> dict[str, CommitResult]:
+    """Publish the final pane of every closed window in `results`; the outcome per window key.
+
+    A failed publication does not fail the materialization (the window table is committed): the sequence stays
+    pending and the commit sensor launches the next attempt.
+    """
+    closed = [r for r in results if r.closed]
+    if not closed:
+        return {}
+    schema = window_table_schema(spark, windows_path)
+    outcomes = {}
+    for result in closed:
+        published = publish_pane(
+            ctx.store,
+            asset=output.asset,
+            window=result.window,
+            pane=result.pane,
+            rows=pane_rows(spark, windows_path, result.window, result.pane),
+            schema=schema,
+            sink_root=sinks.files_root,
+            bigquery=sinks.bigquery,
+        )
+        outcomes[result.window.key] = run_sequence(ctx, published.sequence.id, run_id, root_run_id)
+    return outcomes

@@ -1,0 +1,100 @@
+"""A pipeline's source at run time, as one interface: has it data, what is the next batch, what did a batch
+land, and how does its watermark learn.
+
+`open_source` wires a declared source (`PubSubSource`, `FileSource`) to its reader, its checkpoint store and its
+tables under the lake; nothing else in the platform needs to know which kind of source it is.
+
+Every reader lands a batch in one schema (`jobs.landing.LANDING_SCHEMA`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from pyspark.sql import DataFrame, SparkSession
+
+from jobs.declaration import FileSource, Pipeline
+from jobs.file_reader import FileReader
+from jobs.landing import BatchOutcome
+from jobs.pubsub_reader import PubSubReader
+from jobs.watermark import WatermarkEstimator
+from resources.checkpoint import BatchPlan, CheckpointStore, SourceCheckpoint
+from resources.lake import LakeResource
+from resources.pubsub import PubSubClient
+
+
+class SourceReader(Protocol):
+    """What a micro-batch needs from its source."""
+
+    def has_data(self, checkpoint: SourceCheckpoint) -> bool:
+        """Whether new data waits (a scheduling hint; it changes nothing)."""
+        ...
+
+    def next_plan(self, checkpoint: SourceCheckpoint, horizon_floor_ms: int | None) -> BatchPlan | None:
+        """The planned-but-uncommitted batch if there is one, else plan (and, for Pub/Sub, land and ack) the
+        next; None when there is nothing new. A plan is durable before anything is acknowledged."""
+        ...
+
+    def landed(self, spark: SparkSession, plan: BatchPlan) -> DataFrame:
+        """The batch's records in `LANDING_SCHEMA`: the same bytes on every replay."""
+        ...
+
+    def watermark(self, state: dict) -> WatermarkEstimator:
+        """The source's watermark estimator, restored from its persisted state."""
+        ...
+
+    def before_batch(self, watermark: WatermarkEstimator, now_ms: int) -> None:
+        """Feed the estimator what it must see before a batch is taken (Pub/Sub: the tracking subscription)."""
+        ...
+
+    def after_commit(
+        self, watermark: WatermarkEstimator, plan: BatchPlan, outcome: BatchOutcome, now_ms: int
+    ) -> None:
+        """Feed the estimator a committed batch."""
+        ...
+
+    def backlog(self, checkpoint: SourceCheckpoint) -> str:
+        """What waits in the source, in words, for `onceflow status`."""
+        ...
+
+    def ensure(self) -> str:
+        """Create what the source reads from if it is missing (a development convenience); says what it is."""
+        ...
+
+
+@dataclass(frozen=True)
+class SourceRuntime:
+    """A pipeline's source with everything a micro-batch touches: reader, checkpoints, tables."""
+
+    pipeline: Pipeline
+    reader: SourceReader
+    checkpoints: CheckpointStore
+    raw_path: str
+    dead_letter_path: str
+
+
+def open_source(
+    pipeline: Pipeline, lake: LakeResource, pubsub: Callable[[], PubSubClient] | None = None
+) -> SourceRuntime:
+    """Wire a (settings-resolved) pipeline's source to its reader, checkpoints and tables under `lake`.
+
+    `pubsub` makes a Pub/Sub client when a Pub/Sub source first needs one; None for work that only reads what
+    was landed (reconciliation).
+    """
+    checkpoints = CheckpointStore(lake.checkpoints(), pipeline.source_id)
+    reader: SourceReader
+    if isinstance(pipeline.source, FileSource):
+        reader = FileReader(pipeline, checkpoints)
+    else:
+        reader = PubSubReader(pipeline, pubsub, checkpoints, lake.landing())
+    return SourceRuntime(
+        pipeline, reader, checkpoints, lake.table_path(pipeline.raw_table), lake.table_path(pipeline.dead_letter_table)
+    )
+
+
+def source_watermark_ms(checkpoint: SourceCheckpoint) -> int | None:
+    """The source's event-time watermark as of its last checkpoint, None before any."""
+    value = checkpoint.watermark.get("watermark_ms")
+    return None if value is None else int(value)

@@ -1,0 +1,95 @@
+"""The pipelines a code location runs: those of the module `ONCEFLOW_PIPELINES` names (its `PIPELINES` list), or
+the built-ins (`events` and the `orders` example).
+
+`load_pipelines` returns them resolved: every runtime knob a declaration left open (batch bounds, watermark band
+and idle time, the BigQuery dataset and project) is filled from the settings, so the platform's mechanics only
+ever see concrete values. Every error names the pipeline and the field, or the variable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+from jobs.declaration import BigQuerySink, DeclarationError, FileSource, Pipeline, PubSubSource
+from jobs.durations import render_duration
+from orchestration.pipelines.events import events_pipeline
+from orchestration.pipelines.orders import orders_pipeline
+from resources.settings import Settings, SettingsError
+
+
+def builtin_pipelines(settings: Settings) -> list[Pipeline]:
+    return [events_pipeline(settings), orders_pipeline(settings)]
+
+
+def declared_pipelines(settings: Settings) -> list[Pipeline]:
+    """`ONCEFLOW_PIPELINES`'s `PIPELINES`, else the built-ins; not yet resolved."""
+    if not settings.pipelines:
+        return builtin_pipelines(settings)
+    variable = f"ONCEFLOW_PIPELINES={settings.pipelines!r}"
+    try:
+        module = importlib.import_module(settings.pipelines)
+    except ModuleNotFoundError as error:
+        raise SettingsError(f"{variable}: cannot import it ({error})") from None
+    pipelines = getattr(module, "PIPELINES", None)
+    if not isinstance(pipelines, list | tuple) or not pipelines:
+        raise SettingsError(f"{variable}: the module must define PIPELINES, a non-empty list of Pipeline")
+    for index, pipeline in enumerate(pipelines):
+        if not isinstance(pipeline, Pipeline):
+            raise SettingsError(f"{variable}: PIPELINES[{index}] is {type(pipeline).__name__}, not a Pipeline")
+    return list(pipelines)
+
+
+def load_pipelines(settings: Settings) -> list[Pipeline]:
+    """The code location's pipelines, checked against each other and resolved against `settings`."""
+    pipelines = declared_pipelines(settings)
+    names = [p.name for p in pipelines]
+    assets = [o.asset for p in pipelines for o in p.outputs]
+    for name in names:
+        if names.count(name) > 1:
+            raise DeclarationError(f"pipeline {name!r}: name: two pipelines have this name")
+    for pipeline in pipelines:
+        for output in pipeline.outputs:
+            if assets.count(output.asset) > 1:
+                raise DeclarationError(
+                    f"pipeline {pipeline.name!r}: output {output.asset!r}: another output has this asset name"
+                )
+            if output.asset in {f"raw_{n}" for n in names}:
+                raise DeclarationError(f"pipeline {pipeline.name!r}: output {output.asset!r}: a raw table's asset name")
+    return [resolve(p, settings) for p in pipelines]
+
+
+def resolve(pipeline: Pipeline, settings: Settings) -> Pipeline:
+    """`pipeline` with what it left open filled from `settings`."""
+    source = pipeline.source
+    if isinstance(source, PubSubSource):
+        source = dataclasses.replace(
+            source,
+            max_messages=source.max_messages or settings.max_messages,
+            max_seconds=source.max_seconds or settings.max_seconds,
+            ack_deadline_s=source.ack_deadline_s or settings.ack_deadline_s,
+        )
+    elif isinstance(source, FileSource):
+        source = dataclasses.replace(source, max_files=source.max_files or settings.max_files)
+    outputs = []
+    for index, output in enumerate(pipeline.outputs):
+        sinks = []
+        for position, sink in enumerate(output.sinks):
+            if isinstance(sink, BigQuerySink):
+                sink = dataclasses.replace(
+                    sink, dataset=sink.dataset or settings.bigquery_dataset, project=sink.project or settings.bigquery_project
+                )
+                if sink.dataset is None:
+                    raise DeclarationError(
+                        f"pipeline {pipeline.name!r}: outputs[{index}].sinks[{position}]: BigQuerySink(table="
+                        f"{sink.table!r}) has no dataset: declare dataset=... or set ONCEFLOW_BIGQUERY_DATASET"
+                    )
+            sinks.append(sink)
+        outputs.append(dataclasses.replace(output, sinks=sinks))
+    return dataclasses.replace(
+        pipeline,
+        source=source,
+        outputs=outputs,
+        watermark_band=pipeline.watermark_band or render_duration(settings.watermark_band_s),
+        watermark_idle=pipeline.watermark_idle or render_duration(settings.watermark_idle_s),
+    )

@@ -1,0 +1,60 @@
+"""The reference pipeline `events` (DESIGN section 7), declared with the public API like any user pipeline.
+
+Pub/Sub topic `onceflow-events` (or, with `ONCEFLOW_EVENTS_SOURCE=files`, the `*.jsonl` files of
+`ONCEFLOW_EVENTS_DIR`); records `{"key": string, "value": number}` with attributes `event_id` and `event_time`;
+per window and key, `count` and `sum_value`. Its whole declaration comes from `ONCEFLOW_*` settings.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from jobs.declaration import BigQuerySink, FileSink, FileSource, Pipeline, PubSubSource, Sink, WindowedOutput
+from jobs.durations import render_duration
+from resources.settings import Settings
+
+# Values are exact decimals (BigQuery's NUMERIC): sums are then the same whatever order Spark adds them in.
+SCHEMA = "key STRING NOT NULL, value DECIMAL(38, 9) NOT NULL"
+
+
+def event_counts(records: DataFrame) -> DataFrame:
+    """Per key: how many events the window holds, and the exact sum of their values."""
+    return records.groupBy("key").agg(F.count("*").alias("count"), F.sum("value").alias("sum_value"))
+
+
+def events_pipeline(settings: Settings) -> Pipeline:
+    source: FileSource | PubSubSource
+    if settings.events_source == "files":
+        source = FileSource(directory=settings.events_directory, id_field="event_id", timestamp_field="event_time")
+    else:
+        source = PubSubSource(
+            topic="onceflow-events",
+            subscription="onceflow-events-sub",
+            tracking_subscription="onceflow-events-tracking",
+            id_attribute="event_id",
+            timestamp_attribute="event_time",
+        )
+    sinks: list[Sink] = [FileSink()]
+    if settings.bigquery_dataset:
+        sinks.append(BigQuerySink(table="event_counts"))
+    return Pipeline(
+        name="events",
+        source=source,
+        schema=SCHEMA,
+        delivery=settings.delivery,
+        dedup_horizon=render_duration(settings.dedup_horizon_s),
+        start_date="2026-11-01",
+        outputs=[
+            WindowedOutput(
+                asset="event_counts",
+                window=render_duration(settings.window_s),
+                allowed_lateness=render_duration(settings.allowed_lateness_s),
+                late_policy=settings.late_policy,
+                keys=["key"],
+                transform=event_counts,
+                sinks=sinks,
+                description="Per event-time window and key: count and exact sum of `value`.",
+            )
+        ],
+    )

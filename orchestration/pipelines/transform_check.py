@@ -1,0 +1,54 @@
+"""Checking each output's transform when the code location loads: does it run on the declared schema, and does
+it return the declared keys and columns every sink can hold?
+
+The check needs Spark (to analyse the transform on an empty input, no data read), so its verdict is cached
+under `<home>/declarations/`, keyed by a fingerprint of the schema, the keys and the transform's code: the code
+server pays for it once per change, the run processes that load the same declarations do not. The run itself
+checks the real output again, so a stale verdict can never let a wrong result through.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import marshal
+import sys
+from collections.abc import Callable
+
+from pyspark.sql import SparkSession
+from pyspark.sql import types as T
+
+from jobs.declaration import DeclarationError, Pipeline, WindowedOutput, check_transform_output
+from jobs.windows import transform_output
+from resources.object_store import ObjectStore
+
+
+def fingerprint(pipeline: Pipeline, output: WindowedOutput) -> str | None:
+    """What the verdict depends on; None when the transform has no code object to fingerprint."""
+    code = getattr(output.transform, "__code__", None)
+    if code is None:
+        return None
+    identity = json.dumps([pipeline.schema, output.asset, list(output.keys), sys.version]).encode()
+    return hashlib.sha256(identity + marshal.dumps(code)).hexdigest()
+
+
+def check_transforms(pipelines: list[Pipeline], spark: Callable[[], SparkSession], cache: ObjectStore) -> None:
+    """Raise `DeclarationError` naming the pipeline and output for a transform that does not fit its declaration."""
+    for pipeline in pipelines:
+        for output in pipeline.outputs:
+            key = fingerprint(pipeline, output)
+            cached = cache.read(f"{key}.json") if key else None
+            if cached is not None:
+                columns = T.StructType.fromJson(json.loads(cached))
+            else:
+                try:
+                    columns = transform_output(spark(), pipeline, output)
+                except Exception as error:  # any failure to analyse is the declaration's, reported as such
+                    message = str(error).splitlines()[0] if str(error) else type(error).__name__
+                    raise DeclarationError(
+                        f"pipeline {pipeline.name!r}: output {output.asset!r}: the transform fails on the declared "
+                        f"schema: {message}"
+                    ) from error
+            check_transform_output(pipeline, output, columns)
+            if key and cached is None:
+                cache.write(f"{key}.json", json.dumps(columns.jsonValue()).encode())

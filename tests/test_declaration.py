@@ -1,0 +1,174 @@
+"""Declarations and settings: every mistake fails at load, naming the pipeline and the field (or the variable)."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+from pyspark.sql import types as T
+
+from jobs.declaration import check_transform_output
+from jobs.durations import check_window_size, parse_duration, window_cron
+from jobs.schema import SchemaError, bigquery_type, parse_schema
+from orchestration.api import (
+    BigQuerySink,
+    DeclarationError,
+    FileSink,
+    FileSource,
+    Pipeline,
+    PubSubSource,
+    WindowedOutput,
+)
+from orchestration.pipelines import load_pipelines
+from resources.settings import SettingsError, load_settings
+
+
+def same(records):  # a transform for declarations that are never run
+    return records
+
+
+def orders(**changes) -> Pipeline:
+    output = dict(asset="region_sales", window="5m", keys=["region"], transform=same)
+    output.update(changes.pop("output", {}))
+    fields = dict(
+        name="orders",
+        source=FileSource(directory="/in", timestamp_field="ts"),
+        schema="customer STRING NOT NULL, region STRING NOT NULL, amount DECIMAL(18,2) NOT NULL",
+        outputs=[WindowedOutput(**output)],
+    )
+    fields.update(changes)
+    return Pipeline(**fields)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"schema": "customer STRNG"}, "pipeline 'orders': schema: field 'customer': unknown type 'STRNG'"),
+        ({"schema": "amount DECIMAL(40, 2)"}, "schema: field 'amount': DECIMAL(40, 2) needs"),
+        ({"schema": "a INT, a STRING"}, "schema: field 'a' is declared twice"),
+        ({"schema": "record_id STRING"}, "schema: field 'record_id' is a column onceflow adds itself"),
+        ({"schema": "blob BINARY"}, "BINARY cannot come from JSON"),
+        ({"delivery": "twice"}, "pipeline 'orders': delivery: 'twice' is not a delivery mode"),
+        ({"dedup_horizon": "a day"}, "pipeline 'orders': dedup_horizon: 'a day' is not a duration"),
+        ({"max_clock_skew": "5"}, "pipeline 'orders': max_clock_skew: '5' is not a duration"),
+        ({"start_date": "2026-13-01"}, "pipeline 'orders': start_date: '2026-13-01' is not a date"),
+        ({"name": "Orders!"}, "pipeline 'Orders!': name: use lowercase letters"),
+        ({"output": {"window": "7m"}}, "outputs[0] ('region_sales').window: '7m': 420s is not a window size"),
+        ({"output": {"window": "30s"}}, "window: '30s': 30s is not a window size"),
+        ({"output": {"window": "5h"}}, "window: '5h'"),
+        ({"output": {"allowed_lateness": "1 minute"}}, "outputs[0] ('region_sales').allowed_lateness: '1 minute'"),
+        ({"output": {"late_policy": "keep"}}, "late_policy: 'keep' is not a late policy"),
+        ({"output": {"keys": ["pane"]}}, "keys: 'pane' is a column onceflow adds itself"),
+        ({"output": {"asset": "Region-Sales"}}, "asset: use lowercase letters"),
+        ({"output": {"transform": "region_sales"}}, "transform: 'region_sales' is not a function"),
+        ({"output": {"sinks": [FileSink(), FileSink()]}}, "more than one FileSink"),
+        ({"output": {"sinks": [BigQuerySink(table="bad-name")]}}, "sinks[0].table: 'bad-name' is not a BigQuery name"),
+        ({"source": PubSubSource(topic="t", subscription="orders-sub")}, "source.topic: 't' is not a Pub/Sub name"),
+        ({"source": FileSource(directory="/in", timestamp_field="t s")}, "source.timestamp_field: 't s'"),
+    ],
+)
+def test_a_declaration_mistake_names_the_pipeline_and_the_field(changes: dict, message: str) -> None:
+    with pytest.raises(DeclarationError) as raised:
+        orders(**changes)
+    assert message in str(raised.value)
+
+
+def test_durations_and_window_sizes() -> None:
+    assert [parse_duration(d) for d in ("30s", "5m", "1h", "1d")] == [30, 300, 3600, 86400]
+    sizes = [s for s in range(60, 86401, 60) if _is_window(s)]
+    assert sizes == [60, 120, 180, 240, 300, 360, 600, 720, 900, 1200, 1800, 3600, 7200, 10800, 14400, 21600,
+                     28800, 43200, 86400]
+    assert [window_cron(s) for s in (60, 300, 3600, 21600, 86400)] == [
+        "* * * * *", "*/5 * * * *", "0 * * * *", "0 */6 * * *", "0 0 * * *"
+    ]
+
+
+def _is_window(seconds: int) -> bool:
+    try:
+        check_window_size(seconds)
+    except ValueError:
+        return False
+    return True
+
+
+def test_schemas_parse_without_spark_and_map_to_bigquery() -> None:
+    schema = parse_schema(
+        "customer STRING NOT NULL, amount DECIMAL(18,2) NOT NULL COMMENT 'euros', n BIGINT, at TIMESTAMP, "
+        "tags ARRAY<STRING>, attrs MAP<STRING, INT>, geo STRUCT<lat: DOUBLE, lon DOUBLE NOT NULL>, raw VARIANT"
+    )
+    assert [(f.name, f.dataType.simpleString(), f.nullable) for f in schema] == [
+        ("customer", "string", False), ("amount", "decimal(18,2)", False), ("n", "bigint", True),
+        ("at", "timestamp", True), ("tags", "array<string>", True), ("attrs", "map<string,int>", True),
+        ("geo", "struct<lat:double,lon:double>", True), ("raw", "variant", True),
+    ]
+    with pytest.raises(SchemaError, match="MAP keys must be STRING"):
+        parse_schema("m MAP<INT, INT>")
+    assert [bigquery_type(t) for t in (T.LongType(), T.DecimalType(38, 9), T.DecimalType(38, 10), T.DoubleType(),
+                                       T.TimestampType(), T.TimestampNTZType(), T.DateType(), T.BooleanType())] == [
+        "INT64", "NUMERIC", "BIGNUMERIC", "FLOAT64", "TIMESTAMP", "DATETIME", "DATE", "BOOL"
+    ]
+
+
+def test_a_transform_output_without_a_declared_key_fails_naming_it() -> None:
+    pipeline = orders()
+    output = pipeline.outputs[0]
+    columns = T.StructType([T.StructField("area", T.StringType()), T.StructField("orders", T.LongType())])
+    with pytest.raises(DeclarationError, match=r"pipeline 'orders': output 'region_sales': key 'region' is not a "
+                                               r"column of the transform's output \(area, orders\)"):
+        check_transform_output(pipeline, output, columns)
+    reserved = T.StructType([T.StructField("region", T.StringType()), T.StructField("pane", T.IntegerType())])
+    with pytest.raises(DeclarationError, match="outputs 'pane', a column onceflow adds itself"):
+        check_transform_output(pipeline, output, reserved)
+    nested = T.StructType([T.StructField("region", T.StringType()), T.StructField("l", T.ArrayType(T.LongType()))])
+    with pytest.raises(DeclarationError, match="output column 'l': array<bigint> has no column type in the sinks"):
+        check_transform_output(dataclasses.replace(pipeline, outputs=[dataclasses.replace(output, sinks=[FileSink()])]),
+                               dataclasses.replace(output, sinks=[FileSink()]), nested)
+
+
+def test_a_bad_setting_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ONCEFLOW_MAX_MESSAGES", "lots")
+    monkeypatch.setenv("ONCEFLOW_LATE_POLICY", "keep")
+    with pytest.raises(SettingsError) as raised:
+        load_settings()
+    assert "ONCEFLOW_MAX_MESSAGES='lots'" in str(raised.value) and "ONCEFLOW_LATE_POLICY='keep'" in str(raised.value)
+    monkeypatch.delenv("ONCEFLOW_MAX_MESSAGES")
+    monkeypatch.delenv("ONCEFLOW_LATE_POLICY")
+    monkeypatch.setenv("ONCEFLOW_CRASH_AT", "ingest.before_everything")
+    with pytest.raises(SettingsError, match=r"ONCEFLOW_CRASH_AT='ingest\.before_everything': .*unknown crash point"):
+        load_settings()
+
+
+def test_open_knobs_come_from_settings_and_declared_ones_stay(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ONCEFLOW_MAX_MESSAGES", "123")
+    monkeypatch.setenv("ONCEFLOW_WATERMARK_BAND_S", "3")
+    monkeypatch.setenv("ONCEFLOW_BIGQUERY_DATASET", "sales")
+    monkeypatch.setenv("ONCEFLOW_PIPELINES", "tests.user_pipelines")
+    orders, clicks = load_pipelines(load_settings())
+    assert orders.source.max_files == 100 and orders.watermark_band == "3s" and orders.watermark_idle == "2m"
+    assert orders.outputs[0].sinks[1] == BigQuerySink(table="region_sales", dataset="sales", project=None)
+    assert [o.asset for o in clicks.outputs] == ["page_views", "daily_users"]
+    monkeypatch.delenv("ONCEFLOW_BIGQUERY_DATASET")
+    with pytest.raises(DeclarationError, match=r"pipeline 'orders': outputs\[0\].sinks\[1\]: BigQuerySink\(table="
+                                               r"'region_sales'\) has no dataset"):
+        load_pipelines(load_settings())
+
+
+def test_pipelines_module_errors_name_the_variable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / "no_list.py").write_text("PIPELINES = 'orders'\n")
+    (tmp_path / "twice.py").write_text(
+        "from tests.user_pipelines import orders\nPIPELINES = [orders, orders]\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("ONCEFLOW_BIGQUERY_DATASET", "sales")
+    for module, message in (
+        ("not.a.module", "ONCEFLOW_PIPELINES='not.a.module': cannot import it"),
+        ("no_list", "ONCEFLOW_PIPELINES='no_list': the module must define PIPELINES"),
+        ("twice", "pipeline 'orders': name: two pipelines have this name"),
+    ):
+        monkeypatch.setenv("ONCEFLOW_PIPELINES", module)
+        with pytest.raises((SettingsError, DeclarationError), match=message):
+            load_pipelines(load_settings())
+    sys.modules.pop("no_list", None)
+    sys.modules.pop("twice", None)
