@@ -12,6 +12,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,10 +21,10 @@ import dagster as dg
 import pytest
 from playwright.sync_api import expect
 
-from jobs.windows import Window
-from orchestration.cli import PROJECT_ROOT
+from jobs.panes import Window
+from orchestration.cli import PROJECT_ROOT, create_sources
 from resources.processes import stop_process_group
-from resources.pubsub_emulator import free_port
+from resources.pubsub_emulator import PubSubEmulator, free_port
 from resources.spark_connect import SparkConnectServer
 from tests.browser import chromium_page, chromium_path, screenshot_after, shows, visit
 from tests.conftest import require
@@ -48,14 +49,16 @@ LOCATION_QUERY = """{ workspaceOrError { ... on Workspace { locationEntries {
     name loadStatus locationOrLoadError { __typename ... on PythonError { message } } } } } }"""
 
 
-def child_env(home: Path, dagster_home: Path, spark: SparkConnectServer) -> dict[str, str]:
+def child_env(home: Path, dagster_home: Path, spark: SparkConnectServer, pubsub: PubSubEmulator) -> dict[str, str]:
     env = {**os.environ, "ONCEFLOW_HOME": str(home), "DAGSTER_HOME": str(dagster_home)}
     for inherited in INHERITED:
         env.pop(inherited, None)
     env["ONCEFLOW_SPARK_REMOTE"] = spark.url
-    # The sensors run in `dagster dev`: an empty file source keeps them off Pub/Sub and Google Cloud.
+    # The sensors run in `dagster dev`: `events` reads an empty directory, `orders` an emulator topic of its own.
     env["ONCEFLOW_EVENTS_SOURCE"] = "files"
     env["ONCEFLOW_EVENTS_DIR"] = str(home / "incoming" / "events")
+    env["PUBSUB_EMULATOR_HOST"] = pubsub.host
+    env["ONCEFLOW_PUBSUB_PROJECT"] = f"ui-{uuid.uuid4().hex[:8]}"
     return env
 
 
@@ -113,7 +116,8 @@ def dagster_dev(env: dict[str, str], log_path: Path, timeout_s: float = 60.0) ->
 
 @pytest.mark.slow
 def test_ui_shows_materialized_partitions_and_sensors(
-    spark_connect: SparkConnectServer, home: Path, tmp_path: Path
+    spark_connect: SparkConnectServer, pubsub_emulator: PubSubEmulator, home: Path, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     require(chromium_path() is not None, "Chromium (apt-get install chromium)")
     dagster_home = tmp_path / "dagster"
@@ -123,8 +127,10 @@ def test_ui_shows_materialized_partitions_and_sensors(
     # two processes creating the same tables race ("table ... already exists").
     with dg.DagsterInstance.from_config(str(dagster_home)) as instance:
         assert all((instance.run_storage, instance.event_log_storage, instance.schedule_storage))
-    (home / "incoming" / "events").mkdir(parents=True)
-    env = child_env(home, dagster_home, spark_connect)
+    env = child_env(home, dagster_home, spark_connect, pubsub_emulator)
+    for name in ("ONCEFLOW_EVENTS_SOURCE", "ONCEFLOW_EVENTS_DIR", "ONCEFLOW_PUBSUB_PROJECT"):
+        monkeypatch.setenv(name, env[name])
+    create_sources(pubsub_emulator.host)  # the directory of `events`, the topic and subscriptions of `orders`
 
     # Two windows from two hours ago: inside the partitions, empty (no events) but materialized all the same.
     base = minute_base()
