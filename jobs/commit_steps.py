@@ -28,20 +28,15 @@ Example::
 
 from __future__ import annotations
 
-import hashlib
-import io
-import json
 import os
-import re
-import time
-from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager, suppress
-from dataclasses import dataclass, field, fields
-from decimal import Decimal
+from collections.abc import Mapping
+from contextlib import suppress
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, Literal
 
+from jobs.bigquery_load import BigQueryLoad
+from jobs.commit_step import CommitContext, CommitStep, sha256_hex
 from resources.commit_store import (
     DEFAULT_MAX_ATTEMPTS,
     DONE,
@@ -54,16 +49,7 @@ from resources.commit_store import (
     checked_sequence_id,
 )
 from resources.faults import crash_point
-from resources.object_store import LocalStore, ObjectStore, fsync_dir, open_store
-
-if TYPE_CHECKING:
-    from google.cloud import bigquery
-
-BigQueryClients = Callable[[str], AbstractContextManager["bigquery.Client"]]
-"""Given a project, a context manager yielding a BigQuery client: `BigQueryResource.get_client` fits
-(`lambda project: resource.get_client()`), and so does a function returning a `bigquery.Client`."""
-
-S = TypeVar("S", bound="type[CommitStep]")
+from resources.object_store import LocalStore, fsync_dir
 
 
 def sequence_id(asset: str, window_key: str, pane: int) -> str:
@@ -78,123 +64,8 @@ def sequence_asset(seq_id: str) -> str:
     return checked_sequence_id(seq_id).split(":", 1)[0].replace(".", "/")
 
 
-@dataclass(frozen=True)
-class CommitContext:
-    """What steps need at run time, as opposed to what they are (their parameters, stored in the sequence).
-
-    `store` is the commit store (where `HighWatermark` records and `run_sequence` keeps progress); `bigquery`
-    opens BigQuery clients for `BigQueryLoad` (None: sequences with such a step fail with a clear error);
-    `bigquery_timeout_s` bounds the wait for one BigQuery job. `sinks` maps a file sink root, as named in the
-    steps, to its open `ObjectStore`; a root not in it is opened with `open_store` on first use.
-    """
-
-    store: CommitStore
-    bigquery: BigQueryClients | None = None
-    bigquery_timeout_s: float = 600.0
-    sinks: dict[str, ObjectStore] = field(default_factory=dict, compare=False, repr=False)
-
-    def bigquery_client(self, project: str) -> AbstractContextManager[bigquery.Client]:
-        if self.bigquery is None:
-            raise RuntimeError("this commit sequence loads BigQuery, but no BigQuery client was configured")
-        return self.bigquery(project)
-
-    def sink(self, root: str) -> ObjectStore:
-        """The file sink rooted at `root` (a directory or `gs://` URL), opened once per context."""
-        if root not in self.sinks:
-            self.sinks[root] = open_store(root)
-        return self.sinks[root]
 
 
-_KINDS: dict[str, type[CommitStep]] = {}
-
-
-def register_step(cls: S) -> S:
-    """Class decorator: make a step kind known to `CommitStep.from_dict` (stored sequences name steps by kind)."""
-    if cls.kind in _KINDS and _KINDS[cls.kind] is not cls:
-        raise ValueError(f"commit step kind {cls.kind!r} is registered twice")
-    _KINDS[cls.kind] = cls
-    return cls
-
-
-class CommitStep(ABC):
-    """One side effect of a commit sequence.
-
-    Subclasses are frozen dataclasses whose fields are the step's parameters (JSON values; lists are read back as
-    tuples), and have a unique `kind`. Contract:
-
-    - `verify(ctx)` is True exactly when the effect is fully in place; it changes nothing.
-    - `execute(ctx)` brings the effect about starting from any state an earlier, interrupted `execute` (or none)
-      left, and tolerates another runner executing the same step at the same time. It may return without error
-      and still leave `verify()` False (e.g. when the effect cannot be produced any more); the runner checks.
-    """
-
-    kind: ClassVar[str]
-
-    @abstractmethod
-    def verify(self, ctx: CommitContext) -> bool: ...
-
-    @abstractmethod
-    def execute(self, ctx: CommitContext) -> None: ...
-
-    def describe(self) -> str:
-        """A one-line description for errors and logs."""
-        return self.kind
-
-    def to_dict(self) -> dict[str, Any]:
-        """The step as stored in its sequence: `{"kind": ..., <parameter>: <value>, ...}`."""
-        params = {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
-        return {"kind": self.kind, **json.loads(json.dumps(params))}
-
-    @staticmethod
-    def from_dict(data: Mapping[str, Any]) -> CommitStep:
-        """The step `data` describes (see `to_dict`); raises `ValueError` for an unknown kind."""
-        params = dict(data)
-        kind = params.pop("kind")
-        cls = _KINDS.get(kind)
-        if cls is None:
-            raise ValueError(f"unknown commit step kind {kind!r} (known: {sorted(_KINDS)})")
-        return cls(**{name: _tuples(value) for name, value in params.items()})
-
-
-def _tuples(value: Any) -> Any:
-    if isinstance(value, list):
-        return tuple(_tuples(v) for v in value)
-    return value
-
-
-@dataclass(frozen=True)
-class CommitSequence:
-    """An ordered list of steps with a deterministic id; see the module docstring for how it is run."""
-
-    id: str
-    steps: tuple[CommitStep, ...]
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS
-
-    def to_record(self) -> SequenceRecord:
-        return SequenceRecord(self.id, tuple(s.to_dict() for s in self.steps), self.max_attempts)
-
-    @classmethod
-    def from_record(cls, record: SequenceRecord) -> CommitSequence:
-        return cls(record.id, tuple(CommitStep.from_dict(s) for s in record.steps), record.max_attempts)
-
-    def write(self, store: CommitStore) -> tuple[CommitSequence, bool]:
-        """Write the sequence ahead of any step. Returns the sequence that stands and whether it is this one
-        (False: a sequence with this id was written before, and that one stands)."""
-        if store.write_sequence(self.to_record()):
-            return self, True
-        existing = store.get(self.id)
-        assert existing is not None  # sequences are never deleted while anyone may still write them
-        return CommitSequence.from_record(existing), False
-
-
-def sha256_hex(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-# --- files ----------------------------------------------------------------------------------------------------
-
-
-@register_step
 @dataclass(frozen=True)
 class FileFinalize(CommitStep):
     """Move `temp_key` to `final_key` inside the file sink at `root`, which holds the bytes with `sha256`.
@@ -246,278 +117,8 @@ class FileFinalize(CommitStep):
             sink.delete(self.temp_key)
 
 
-# --- BigQuery -------------------------------------------------------------------------------------------------
-
-_BQ_TYPES = frozenset(
-    {"STRING", "INT64", "INTEGER", "NUMERIC", "BIGNUMERIC", "FLOAT64", "FLOAT", "BOOL", "BOOLEAN", "TIMESTAMP",
-     "DATE", "DATETIME"}
-)
-SUMMABLE_TYPES = frozenset({"INT64", "INTEGER", "NUMERIC", "BIGNUMERIC"})
-_COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,299}$")
-_PROJECT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.:-]{0,127}$")
-_MAX_GENERATIONS = 100
 
 
-@register_step
-@dataclass(frozen=True)
-class BigQueryLoad(CommitStep):
-    """Make the BigQuery table `project.dataset.table` hold exactly pane `pane`'s rows for one window.
-
-    The rows are the newline-delimited JSON files `files` ((key, sha256) pairs under `files_root`, normally the
-    finalized shards of the file sink), with columns `schema` ((name, BigQuery type) pairs; `window_start`
-    TIMESTAMP and `pane` INT64 among them). `execute`:
-
-    1. creates the table if it does not exist (the dataset must exist);
-    2. loads the files into a staging table beside it (truncating it) with a load job;
-    3. MERGEs the staging table into the table with a query job, keyed on `key_columns`: the window's rows are
-       replaced by the pane's (rows of keys the pane lacks are deleted), unless the table holds a newer pane of
-       the window already, in which case nothing changes (a refired pane replaces, a stale one never does);
-    4. drops the staging table.
-
-    Job ids are a pure function of (asset, window, pane, job, target table) plus a generation: a job id that
-    exists already (409 Conflict) means an earlier attempt or a concurrent runner submitted that job, whose
-    result is then waited for and used. Only when that job failed (a failed job changes nothing) or its result is
-    gone (the staging table was dropped) is the next generation's id used. Both jobs are idempotent in effect
-    anyway: the load truncates, the MERGE replaces the window.
-
-    `verify` is True when the table holds, for the window, only rows of this pane numbering `expected_rows` whose
-    column sums equal `expected_sums` ((column, decimal string or None) pairs), or holds a newer pane.
-    """
-
-    kind: ClassVar[str] = "bigquery_load"
-    project: str
-    dataset: str
-    table: str
-    asset: str
-    window_key: str
-    window_start_ms: int
-    pane: int
-    files_root: str
-    files: tuple[tuple[str, str], ...]
-    schema: tuple[tuple[str, str], ...]
-    expected_rows: int
-    expected_sums: tuple[tuple[str, str | None], ...] = ()
-    key_columns: tuple[str, ...] = ("window_start", "key")
-
-    def __post_init__(self) -> None:
-        if not _PROJECT.match(self.project):
-            raise ValueError(f"invalid BigQuery project {self.project!r}")
-        for name in (self.dataset, self.table):
-            if not _COLUMN.match(name):
-                raise ValueError(f"invalid BigQuery dataset or table name {name!r}: letters, digits and '_' only")
-        columns = dict(self.schema)
-        for name, kind in self.schema:
-            if not _COLUMN.match(name) or kind not in _BQ_TYPES:
-                raise ValueError(f"invalid BigQuery column {name!r} {kind!r}")
-        for name in ("window_start", "pane", *self.key_columns, *(c for c, _ in self.expected_sums)):
-            if name not in columns:
-                raise ValueError(f"BigQuery schema {self.schema} lacks the column {name!r}")
-
-    def describe(self) -> str:
-        return f"{self.kind} {self.final_table} window {self.window_key} pane {self.pane}"
-
-    @property
-    def final_table(self) -> str:
-        return f"{self.project}.{self.dataset}.{self.table}"
-
-    @property
-    def staging_table(self) -> str:
-        return f"{self.project}.{self.dataset}.{self.table}__onceflow_stage_{self._digest('staging')}"
-
-    def job_id(self, job: str, generation: int) -> str:
-        """The BigQuery job id of `job` (`load` or `merge`) in generation `generation`: letters, digits, `_`, `-`."""
-        slug = re.sub(r"[^A-Za-z0-9_-]", "-", f"{asset_key_part(self.asset)}_{self.window_key}_pane{self.pane}")
-        return f"onceflow_{slug[:200]}_{job}_{self._digest(job)}_g{generation}"
-
-    def _digest(self, job: str) -> str:
-        identity = [self.asset, self.window_key, self.pane, job, self.final_table]
-        return sha256_hex(json.dumps(identity).encode())[:16]
-
-    def _schema(self) -> list[bigquery.SchemaField]:
-        from google.cloud import bigquery
-
-        return [bigquery.SchemaField(name, kind) for name, kind in self.schema]
-
-    def verify(self, ctx: CommitContext) -> bool:
-        from google.api_core.exceptions import NotFound
-
-        sums = ", ".join(f"SUM(`{c}`) AS `sum_{i}`" for i, (c, _) in enumerate(self.expected_sums))
-        sql = (
-            f"SELECT `pane` AS `pane`, COUNT(*) AS `n`{', ' + sums if sums else ''} FROM `{self.final_table}` "
-            f"WHERE `window_start` = TIMESTAMP_MILLIS({self.window_start_ms}) GROUP BY `pane`"
-        )
-        with ctx.bigquery_client(self.project) as client:
-            try:
-                panes = {row["pane"]: row for row in client.query_and_wait(sql, project=self.project)}
-            except NotFound:
-                return False
-        if any(pane > self.pane for pane in panes):
-            return True  # a newer pane replaced this one: this pane's publication is moot, not missing
-        if self.expected_rows == 0:
-            return not panes
-        row = panes.get(self.pane)
-        if row is None or len(panes) != 1 or row["n"] != self.expected_rows:
-            return False
-        return all(_same_sum(row[f"sum_{i}"], want) for i, (_, want) in enumerate(self.expected_sums))
-
-    def execute(self, ctx: CommitContext) -> None:
-        from google.cloud import bigquery
-
-        payload = self._payload(ctx)
-        with ctx.bigquery_client(self.project) as client:
-            _create_table(client, self.final_table, self._schema())
-            if payload:
-                config = bigquery.LoadJobConfig(
-                    source_format=bigquery.SourceFormat.NEWLINE_DELIMITED_JSON,
-                    schema=self._schema(),
-                    write_disposition=bigquery.WriteDisposition.WRITE_TRUNCATE,
-                    create_disposition=bigquery.CreateDisposition.CREATE_IF_NEEDED,
-                )
-
-                self._run_job(
-                    ctx,
-                    client,
-                    "load",
-                    lambda job_id: client.load_table_from_file(
-                        io.BytesIO(payload), self.staging_table, job_id=job_id, job_config=config,
-                        project=self.project,
-                    ),
-                    # Its result is the staging table, unless that is gone because a runner merged and
-                    # dropped it already (then the MERGE job's id finds that runner's job).
-                    result_usable=lambda: _table_exists(client, self.staging_table) or self.verify(ctx),
-                )
-            else:
-                _create_table(client, self.staging_table, self._schema())
-            merge = self._merge_sql()
-            self._run_job(
-                ctx,
-                client,
-                "merge",
-                lambda job_id: client.query(merge, job_id=job_id, job_retry=None, project=self.project),
-            )
-            _drop_table(client, self.staging_table)
-
-    def _payload(self, ctx: CommitContext) -> bytes:
-        sink = ctx.sink(self.files_root)
-        parts = []
-        for key, digest in self.files:
-            data = sink.read(key)
-            if data is None or sha256_hex(data) != digest:
-                raise ValueError(f"{sink.url(key)} is missing or does not hold the bytes the sequence expects")
-            if data and not data.endswith(b"\n"):
-                data += b"\n"
-            parts.append(data)
-        return b"".join(parts)
-
-    def _merge_sql(self) -> str:
-        names = [name for name, _ in self.schema]
-        window = f"TIMESTAMP_MILLIS({self.window_start_ms})"
-        on = " AND ".join(f"t.`{c}` = s.`{c}`" for c in self.key_columns)
-        update = ", ".join(f"`{c}` = s.`{c}`" for c in names)
-        insert = ", ".join(f"`{c}`" for c in names)
-        values = ", ".join(f"s.`{c}`" for c in names)
-        return (
-            f"MERGE `{self.final_table}` AS t "
-            f"USING (SELECT * FROM `{self.staging_table}` WHERE {self.pane} >= "
-            f"(SELECT COALESCE(MAX(`pane`), -1) FROM `{self.final_table}` WHERE `window_start` = {window})) AS s "
-            f"ON {on} "
-            f"WHEN MATCHED AND s.`pane` >= t.`pane` THEN UPDATE SET {update} "
-            f"WHEN NOT MATCHED THEN INSERT ({insert}) VALUES ({values}) "
-            f"WHEN NOT MATCHED BY SOURCE AND t.`window_start` = {window} AND t.`pane` <= {self.pane} THEN DELETE"
-        )
-
-    def _run_job(
-        self,
-        ctx: CommitContext,
-        client: bigquery.Client,
-        job: str,
-        submit: Callable[[str], Any],
-        result_usable: Callable[[], bool] = lambda: True,
-    ) -> None:
-        from google.api_core.exceptions import GoogleAPICallError, NotFound
-
-        for generation in range(_MAX_GENERATIONS):
-            job_id = self.job_id(job, generation)
-            try:
-                submitted = submit(job_id)
-                found = None
-            except GoogleAPICallError as error:
-                # 409 from BigQuery; a racing duplicate may also get 400 from the emulator. Whatever the
-                # answer, if a job with this id exists it was submitted before, and its result is what counts.
-                try:
-                    found = client.get_job(job_id, project=self.project, location=client.location)
-                except NotFound:
-                    raise error from None
-                submitted = None
-            current = submitted or found
-            _wait(current, ctx.bigquery_timeout_s)
-            if current.error_result is None:
-                if submitted is not None or result_usable():
-                    return
-                continue  # an earlier attempt's result is gone: redo the job under the next generation
-            if submitted is not None:
-                raise RuntimeError(f"BigQuery {job} job {job_id} failed: {current.error_result}")
-            # An earlier attempt's job failed, changing nothing: its id is spent, the next generation runs.
-        raise RuntimeError(f"BigQuery {job} jobs of {self.describe()} failed {_MAX_GENERATIONS} times")
-
-
-def _create_table(client: bigquery.Client, table_id: str, schema: list[bigquery.SchemaField]) -> None:
-    from google.api_core.exceptions import GoogleAPICallError
-    from google.cloud import bigquery
-
-    try:
-        client.create_table(bigquery.Table(table_id, schema=schema), exists_ok=True)
-    except GoogleAPICallError as error:
-        # A concurrent creator can make this call fail otherwise than with 409 (the emulator answers 400 when
-        # two catalogue commits collide); what matters is that the table exists.
-        if not _table_exists(client, table_id):
-            raise error from None
-
-
-def _drop_table(client: bigquery.Client, table_id: str) -> None:
-    from google.api_core.exceptions import GoogleAPICallError
-
-    try:
-        client.delete_table(table_id, not_found_ok=True)
-    except GoogleAPICallError as error:
-        if _table_exists(client, table_id):  # as in `_create_table`: a concurrent runner may have dropped it
-            raise error from None
-
-
-def _table_exists(client: bigquery.Client, table_id: str) -> bool:
-    from google.api_core.exceptions import NotFound
-
-    try:
-        client.get_table(table_id)
-    except NotFound:
-        return False
-    return True
-
-
-def _same_sum(found: Any, want: str | None) -> bool:
-    # SUM over only NULLs is NULL in BigQuery, and so is the expected sum then.
-    if found is None or want is None:
-        return found is None and want is None
-    return Decimal(str(found)) == Decimal(want)
-
-
-def _wait(job: Any, timeout_s: float) -> None:
-    """Wait until `job` is DONE, however it ended (its `error_result` says how)."""
-    deadline = time.monotonic() + timeout_s
-    delay = 0.05
-    job.reload()
-    while job.state != "DONE":
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"BigQuery job {job.job_id} not done after {timeout_s:.0f}s (state {job.state})")
-        time.sleep(delay)
-        delay = min(delay * 2, 1.0)
-        job.reload()
-
-
-# --- high watermark -------------------------------------------------------------------------------------------
-
-
-@register_step
 @dataclass(frozen=True)
 class HighWatermark(CommitStep):
     """Record that `asset` is published through `published_through_ms` (the end of the newest published window).
@@ -541,7 +142,43 @@ class HighWatermark(CommitStep):
         ctx.store.record_published(self.asset, self.published_through_ms)
 
 
-# --- running --------------------------------------------------------------------------------------------------
+STEP_KINDS: dict[str, type[CommitStep]] = {k.kind: k for k in (FileFinalize, BigQueryLoad, HighWatermark)}
+"""Every step kind a stored sequence may name."""
+
+
+def step_from_dict(data: Mapping[str, Any]) -> CommitStep:
+    """The step `data` describes (see `CommitStep.to_dict`); raises `ValueError` for an unknown kind."""
+    params = dict(data)
+    kind = params.pop("kind")
+    if kind not in STEP_KINDS:
+        raise ValueError(f"unknown commit step kind {kind!r} (known: {sorted(STEP_KINDS)})")
+    return STEP_KINDS[kind].from_params(params)
+
+
+@dataclass(frozen=True)
+class CommitSequence:
+    """An ordered list of steps with a deterministic id; see the module docstring for how it is run."""
+
+    id: str
+    steps: tuple[CommitStep, ...]
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+
+    def to_record(self) -> SequenceRecord:
+        return SequenceRecord(self.id, tuple(s.to_dict() for s in self.steps), self.max_attempts)
+
+    @classmethod
+    def from_record(cls, record: SequenceRecord) -> CommitSequence:
+        return cls(record.id, tuple(step_from_dict(s) for s in record.steps), record.max_attempts)
+
+    def write(self, store: CommitStore) -> tuple[CommitSequence, bool]:
+        """Write the sequence ahead of any step. Returns the sequence that stands and whether it is this one
+        (False: a sequence with this id was written before, and that one stands)."""
+        if store.write_sequence(self.to_record()):
+            return self, True
+        existing = store.get(self.id)
+        assert existing is not None  # sequences are never deleted while anyone may still write them
+        return CommitSequence.from_record(existing), False
+
 
 Outcome = Literal["done", "already_done", "failed", "quarantined"]
 

@@ -7,7 +7,8 @@ sensor starts a new lineage only after a lineage has finally failed.
 
 import dagster as dg
 
-from jobs.commit_steps import CommitContext, run_sequence
+from jobs.commit_step import CommitContext
+from jobs.commit_steps import run_sequence
 from resources.bigquery import BigQueryResource
 from resources.commit_store import CommitStore
 from resources.lake import LakeResource

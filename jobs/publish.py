@@ -27,16 +27,9 @@ from datetime import UTC, date, datetime
 from decimal import Decimal, localcontext
 from typing import TYPE_CHECKING, Any
 
-from jobs.commit_steps import (
-    SUMMABLE_TYPES,
-    BigQueryLoad,
-    CommitSequence,
-    CommitStep,
-    FileFinalize,
-    HighWatermark,
-    sequence_id,
-    sha256_hex,
-)
+from jobs.bigquery_load import SUMMABLE_TYPES, BigQueryLoad
+from jobs.commit_step import CommitStep, sha256_hex
+from jobs.commit_steps import CommitSequence, FileFinalize, HighWatermark, sequence_id
 from resources.commit_store import DEFAULT_MAX_ATTEMPTS, CommitStore, asset_key_part
 from resources.faults import crash_point
 from resources.object_store import open_store

@@ -18,17 +18,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 
+from jobs.backlog import BacklogProbe, CloudMonitoringBacklogProbe, EmulatorBacklogProbe
 from jobs.declaration import Pipeline, PubSubSource
 from jobs.durations import parse_duration
 from jobs.landing import LANDING_SCHEMA, BatchOutcome
 from jobs.tracking import TrackingDrainer
-from jobs.watermark import (
-    BacklogProbe,
-    CloudMonitoringBacklogProbe,
-    EmulatorBacklogProbe,
-    PubSubWatermark,
-    WatermarkEstimator,
-)
+from jobs.watermark import PubSubWatermark, WatermarkEstimator
 from resources.checkpoint import BatchPlan, CheckpointStore, SourceCheckpoint
 from resources.faults import crash_point
 from resources.object_store import ObjectStore

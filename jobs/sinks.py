@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
-from jobs.commit_steps import CommitContext, CommitResult, run_sequence
+from jobs.commit_step import CommitContext
+from jobs.commit_steps import CommitResult, run_sequence
 from jobs.declaration import BigQuerySink, FileSink, WindowedOutput
 from jobs.publish import BigQueryTarget, publish_pane
 from jobs.schema import bigquery_type

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from jobs.declaration import PubSubSource
-from jobs.watermark import TrackingSample
 from resources.pubsub import PubSubClient, PulledMessage
 
 # The same rule as ingest: up to 15 digits is epoch milliseconds, anything else must be an RFC 3339 timestamp.
@@ -51,6 +50,18 @@ def sample_of(message: PulledMessage, timestamp_attribute: str | None) -> Tracki
         publish_time_ms=message.publish_time_ms,
         event_time_ms=message.publish_time_ms if event_ms is None else event_ms,
     )
+
+
+@dataclass(frozen=True)
+class TrackingSample:
+    """One message seen on a tracking subscription: its id, its publish time and its event time (epoch ms).
+
+    `message_id` and `publish_time_ms` are those the base subscription sees for the same published message.
+    """
+
+    message_id: str
+    publish_time_ms: int
+    event_time_ms: int
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ after that is late (kept in the raw table, counted, never lost). Every estimator
 
 `PubSubWatermark` is Dataflow's heuristic for Pub/Sub; `FileWatermark` is the bounded-out-of-orderness rule for
 file sources. The Pub/Sub estimator needs the base subscription's oldest unacknowledged publish time from a
-`BacklogProbe`: `CloudMonitoringBacklogProbe` on GCP, `EmulatorBacklogProbe` where there is no backlog metric.
+`jobs.backlog.BacklogProbe`.
 
 Wiring, once per micro-batch of a Pub/Sub source (`jobs.tracking` drains the tracking subscription):
 
@@ -28,27 +28,13 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol, Self, runtime_checkable
+
+from jobs.backlog import DEFAULT_BUCKET_MS, BacklogProbe, MessageKey, check_state_kind, floor_to
+from jobs.tracking import TrackingSample
 
 DEFAULT_BAND_MS = 10_000
 DEFAULT_IDLE_TIMEOUT_MS = 120_000
-DEFAULT_BUCKET_MS = 1_000
-
-MessageKey = tuple[str, int]
-"""A Pub/Sub message as both subscriptions of a topic see it: `(message_id, publish_time_ms)`."""
-
-
-@dataclass(frozen=True)
-class TrackingSample:
-    """One message seen on a tracking subscription: its id, its publish time and its event time (epoch ms).
-
-    `message_id` and `publish_time_ms` are those the base subscription sees for the same published message.
-    """
-
-    message_id: str
-    publish_time_ms: int
-    event_time_ms: int
 
 
 @runtime_checkable
@@ -66,228 +52,6 @@ class WatermarkEstimator(Protocol):
     def from_state(self, state: Mapping[str, Any]) -> Self:
         """Restore a state written by `to_state` (an empty mapping changes nothing) and return this estimator."""
         ...
-
-
-@runtime_checkable
-class BacklogProbe(Protocol):
-    """Where the base (main) subscription's oldest unacknowledged publish time comes from.
-
-    `PubSubWatermark` forwards what it learns to its probe: every tracked sample (`tracked`) and every message the
-    pipeline committed (`committed`); a probe that reads the backlog from elsewhere ignores both.
-    """
-
-    def oldest_unacked_ms(self, now_ms: int) -> int | None:
-        """The oldest publish time still waiting in the base subscription, None when it has no backlog."""
-        ...
-
-    def tracked(self, samples: Sequence[TrackingSample], tracked_through_ms: int | None) -> None:
-        """Messages just seen on the tracking subscription, which has seen all published before `tracked_through_ms`."""
-        ...
-
-    def committed(self, messages: Iterable[MessageKey]) -> None:
-        """Messages of the base subscription that are now committed to the raw table."""
-        ...
-
-    def to_state(self) -> dict[str, Any]: ...
-
-    def from_state(self, state: Mapping[str, Any]) -> Self: ...
-
-
-class EmulatorBacklogProbe:
-    """The base subscription's backlog as onceflow itself saw it, for the Pub/Sub emulator (which has no metrics).
-
-    A message is pending from the moment the tracking subscription shows it until the pipeline reports it
-    committed; the oldest unacked publish time is the oldest pending publish time. Messages are keyed by
-    `(message_id, publish_time_ms)`, which both subscriptions share: the emulator restarts message ids at 1 when it
-    restarts, and the publish time keeps a new message "1" apart from an old one. A message the pipeline commits
-    before the tracking subscription shows it is remembered until it does, or until the tracking subscription has
-    moved `expire_after_ms` past its publish time (it will not show up any more).
-
-    State stays bounded:
-
-    - at most `max_pending` messages are kept by key; beyond that, newer pending messages are only counted per
-      publish-time bucket (`bucket_ms`), and a commit that matches no key decrements its bucket. In that mode a
-      message delivered twice to the base subscription can be counted off twice, so the backlog may look younger
-      than it is until the pile shrinks under `max_pending`;
-    - a pending message expires once the pipeline has committed messages published `expire_after_ms` after it.
-      This drops messages that will never be committed: those lost when the emulator restarted, and the rare
-      tracking-subscription redelivery of a message already committed. An expired message that does arrive later
-      is still ingested but may be late. Until the pipeline commits newer messages (for instance right after an
-      emulator restart, with nothing published since), such an entry holds the watermark back.
-    """
-
-    def __init__(
-        self, *, max_pending: int = 20_000, expire_after_ms: int = 600_000, bucket_ms: int = DEFAULT_BUCKET_MS
-    ) -> None:
-        if max_pending < 1 or expire_after_ms < 0 or bucket_ms < 1:
-            raise ValueError("max_pending and bucket_ms must be positive and expire_after_ms not negative")
-        self.max_pending = max_pending
-        self.expire_after_ms = expire_after_ms
-        self.bucket_ms = bucket_ms
-        self._pending: set[MessageKey] = set()
-        self._overflow: dict[int, int] = {}
-        self._early: set[MessageKey] = set()
-        self._committed_through_ms: int | None = None
-
-    @property
-    def pending_count(self) -> int:
-        """How many tracked messages are still waiting to be committed (kept by key or only counted)."""
-        return len(self._pending) + sum(self._overflow.values())
-
-    def oldest_unacked_ms(self, now_ms: int) -> int | None:
-        """The oldest publish time among pending messages, None when there are none (`now_ms` is not needed)."""
-        oldest = min((publish for _, publish in self._pending), default=None)
-        if self._overflow:
-            bucket = min(self._overflow)
-            oldest = bucket if oldest is None else min(oldest, bucket)
-        return oldest
-
-    def tracked(self, samples: Sequence[TrackingSample], tracked_through_ms: int | None) -> None:
-        """Make every sample pending unless the pipeline already committed it."""
-        for sample in samples:
-            key = (sample.message_id, sample.publish_time_ms)
-            if key in self._early:
-                self._early.discard(key)
-            elif key not in self._pending:
-                if len(self._pending) < self.max_pending:
-                    self._pending.add(key)
-                else:
-                    bucket = _floor(sample.publish_time_ms, self.bucket_ms)
-                    self._overflow[bucket] = self._overflow.get(bucket, 0) + 1
-        if tracked_through_ms is not None:
-            # The tracking subscription has shown everything published before `tracked_through_ms`: an early
-            # commit it has not matched well after that was never on it (the margin covers a message whose
-            # publish call was still completing when the drain began).
-            cutoff = tracked_through_ms - self.expire_after_ms
-            self._early = {key for key in self._early if key[1] >= cutoff}
-
-    def committed(self, messages: Iterable[MessageKey]) -> None:
-        """Take committed messages out of the backlog; unknown ones wait for the tracking subscription."""
-        for message_id, publish_time_ms in messages:
-            key = (message_id, publish_time_ms)
-            if self._committed_through_ms is None or publish_time_ms > self._committed_through_ms:
-                self._committed_through_ms = publish_time_ms
-            if key in self._pending:
-                self._pending.discard(key)
-                continue
-            bucket = _floor(publish_time_ms, self.bucket_ms)
-            if self._overflow.get(bucket, 0) > 0:
-                self._overflow[bucket] -= 1
-                if not self._overflow[bucket]:
-                    del self._overflow[bucket]
-            else:
-                self._early.add(key)
-        if len(self._early) > self.max_pending:
-            # Forgetting an early commit only holds the watermark back (until expiry), never pushes it too far.
-            self._early = set(sorted(self._early, key=lambda k: k[1])[-self.max_pending :])
-        self._expire()
-
-    def _expire(self) -> None:
-        if self._committed_through_ms is None:
-            return
-        cutoff = self._committed_through_ms - self.expire_after_ms
-        self._pending = {key for key in self._pending if key[1] > cutoff}
-        self._overflow = {b: n for b, n in self._overflow.items() if b + self.bucket_ms - 1 > cutoff}
-
-    def to_state(self) -> dict[str, Any]:
-        return {
-            "kind": "emulator_backlog",
-            "pending": sorted([list(key) for key in self._pending], key=lambda k: (k[1], k[0])),
-            "overflow": sorted([b, n] for b, n in self._overflow.items()),
-            "early": sorted([list(key) for key in self._early], key=lambda k: (k[1], k[0])),
-            "committed_through_ms": self._committed_through_ms,
-        }
-
-    def from_state(self, state: Mapping[str, Any]) -> Self:
-        """Replace this probe's backlog with a persisted one (an empty mapping changes nothing)."""
-        if not state:
-            return self
-        _check_kind(state, "emulator_backlog")
-        self._pending = {(str(i), int(p)) for i, p in state.get("pending", ())}
-        self._overflow = {int(b): int(n) for b, n in state.get("overflow", ())}
-        self._early = {(str(i), int(p)) for i, p in state.get("early", ())}
-        through = state.get("committed_through_ms")
-        self._committed_through_ms = None if through is None else int(through)
-        return self
-
-
-class CloudMonitoringBacklogProbe:
-    """The base subscription's backlog on GCP, from Cloud Monitoring's
-    `pubsub.googleapis.com/subscription/oldest_unacked_message_age` (seconds, sampled every 60 s).
-
-    The oldest unacked publish time is the newest sample's time minus its age; an age of 0 means no backlog. The
-    metric arrives minutes late, so the answer can be that old: a backlog that cleared since looks older (the
-    watermark waits), one that appeared since is not seen yet (the tracking range still bounds the watermark).
-    When the query returns no sample the last answer is kept; before any answer there is no backlog.
-
-    Needs `google-cloud-monitoring`, which onceflow does not depend on: it is imported when the first query is
-    made, unless a `client` (a `monitoring_v3.MetricServiceClient` or anything with its `list_time_series`) is
-    given. Not exercised against GCP by onceflow's tests, which have neither GCP nor that package; a unit test
-    drives it with a stand-in client. The probe keeps no state worth persisting: `tracked` and `committed` do
-    nothing and `to_state` is just its kind.
-    """
-
-    METRIC = "pubsub.googleapis.com/subscription/oldest_unacked_message_age"
-
-    def __init__(
-        self, project: str, subscription: str, *, lookback_ms: int = 600_000, client: Any = None
-    ) -> None:
-        self.project = project
-        self.subscription = subscription
-        self.lookback_ms = lookback_ms
-        self._client = client
-        self._last: int | None = None
-
-    def query_filter(self) -> str:
-        """The Cloud Monitoring filter selecting this subscription's metric."""
-        return (
-            f'metric.type = "{self.METRIC}" AND resource.type = "pubsub_subscription" '
-            f'AND resource.labels.subscription_id = "{self.subscription}"'
-        )
-
-    def oldest_unacked_ms(self, now_ms: int) -> int | None:
-        """Query the metric over `[now_ms - lookback_ms, now_ms]` and return the newest sample's reading."""
-        if self._client is None:
-            from google.cloud import monitoring_v3  # optional dependency, only needed on GCP
-
-            self._client = monitoring_v3.MetricServiceClient()
-        start_ms = now_ms - self.lookback_ms
-        series = self._client.list_time_series(
-            request={
-                "name": f"projects/{self.project}",
-                "filter": self.query_filter(),
-                "interval": {
-                    "start_time": {"seconds": start_ms // 1000, "nanos": start_ms % 1000 * 1_000_000},
-                    "end_time": {"seconds": now_ms // 1000, "nanos": now_ms % 1000 * 1_000_000},
-                },
-            }
-        )
-        newest: tuple[int, int] | None = None
-        for one in series:
-            for point in one.points:
-                at_ms = round(point.interval.end_time.timestamp() * 1000)
-                if newest is None or at_ms > newest[0]:
-                    newest = (at_ms, int(point.value.int64_value))
-        if newest is None:
-            return self._last
-        at_ms, age_s = newest
-        self._last = None if age_s <= 0 else at_ms - age_s * 1000
-        return self._last
-
-    def tracked(self, samples: Sequence[TrackingSample], tracked_through_ms: int | None) -> None:
-        return None
-
-    def committed(self, messages: Iterable[MessageKey]) -> None:
-        return None
-
-    def to_state(self) -> dict[str, Any]:
-        return {"kind": "cloud_monitoring_backlog"}
-
-    def from_state(self, state: Mapping[str, Any]) -> Self:
-        if state:
-            _check_kind(state, "cloud_monitoring_backlog")
-        return self
-
 
 class PubSubWatermark:
     """Dataflow's watermark heuristic for a Pub/Sub source, fed by a metadata-only tracking subscription.
@@ -360,7 +124,7 @@ class PubSubWatermark:
         """
         by_bucket: dict[int, int] = {}
         for sample in samples:
-            bucket = _floor(sample.publish_time_ms, self.bucket_ms)
+            bucket = floor_to(sample.publish_time_ms, self.bucket_ms)
             by_bucket[bucket] = min(by_bucket.get(bucket, sample.event_time_ms), sample.event_time_ms)
             if self._last_data_ms is None or sample.publish_time_ms > self._last_data_ms:
                 self._last_data_ms = sample.publish_time_ms
@@ -421,7 +185,7 @@ class PubSubWatermark:
         """
         if not state:
             return self
-        _check_kind(state, "pubsub")
+        check_state_kind(state, "pubsub")
         self._watermark_ms = _max_opt(self._watermark_ms, _opt_int(state.get("watermark_ms")))
         self._tracked_through_ms = _max_opt(
             self._tracked_through_ms, _opt_int(state.get("tracked_through_ms"))
@@ -446,7 +210,6 @@ class PubSubWatermark:
             if len(self._buckets) % 2:
                 merged.append(self._buckets[-1])
             self._buckets = merged
-
 
 class FileWatermark:
     """The watermark of a file source: the maximum event time seen minus a declared out-of-orderness bound.
@@ -502,15 +265,11 @@ class FileWatermark:
         """Restore a persisted state, never moving the watermark backward; an empty mapping changes nothing."""
         if not state:
             return self
-        _check_kind(state, "files")
+        check_state_kind(state, "files")
         self._watermark_ms = _max_opt(self._watermark_ms, _opt_int(state.get("watermark_ms")))
         self._max_event_ms = _max_opt(self._max_event_ms, _opt_int(state.get("max_event_time_ms")))
         self._last_files_ms = _max_opt(self._last_files_ms, _opt_int(state.get("last_files_ms")))
         return self
-
-
-def _floor(value: int, step: int) -> int:
-    return value - value % step
 
 
 def _opt_int(value: Any) -> int | None:
@@ -521,8 +280,3 @@ def _max_opt(a: int | None, b: int | None) -> int | None:
     if a is None:
         return b
     return a if b is None else max(a, b)
-
-
-def _check_kind(state: Mapping[str, Any], kind: str) -> None:
-    if state.get("kind") != kind:
-        raise ValueError(f"watermark state of kind {state.get('kind')!r} cannot restore a {kind!r} estimator")

@@ -13,25 +13,22 @@ the expected counts) and the exit status is 0 only if exactly-once held.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import random
-import re
 import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 
-from orchestration.workload import MALFORMED, Event
-from resources.processes import stop_process_group
+from jobs.panes import CloseStore, Window
+from orchestration.runs import run_worker_pid
+from orchestration.workload import Expected, Publisher
+from resources.processes import kill_tree, stop_process_group
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEMO_SETTINGS = {
@@ -52,25 +49,6 @@ def say(message: str) -> None:
 
 
 @dataclass
-class Expected:
-    """What the workload published, per window key: the on-time events (first occurrence per ID) and late ones."""
-
-    on_time: dict[str, dict[str, Event]] = field(default_factory=dict)
-    late: dict[str, int] = field(default_factory=dict)
-    publish_ms: dict[str, int] = field(default_factory=dict)
-    messages: int = 0
-    retries: int = 0
-    malformed: int = 0
-
-    def counts(self, window: str) -> dict[str, tuple[int, Decimal]]:
-        per_key: dict[str, tuple[int, Decimal]] = {}
-        for event in self.on_time.get(window, {}).values():
-            count, total = per_key.get(event.key, (0, Decimal(0)))
-            per_key[event.key] = (count + 1, total + event.value)
-        return per_key
-
-
-@dataclass
 class StreamingResult:
     ok: bool
     windows: list[str]
@@ -78,110 +56,6 @@ class StreamingResult:
     killed_run: str | None
     latencies: dict[str, float]
     home: Path
-
-
-class Publisher(threading.Thread):
-    """Publishes `rate` events a second for `duration_s` with event times near now, publisher retries, malformed
-    messages, and, once the first window has closed, late events into it."""
-
-    # A publisher retries within seconds (its ack timed out), so only events this recent are resent: a retry
-    # minutes later would carry an old event time and rightly hold the watermark back.
-    retry_within_s = 5.0
-
-    def __init__(self, client, topic: str, duration_s: float, rate: int, first_closed: Callable[[], str | None]):
-        super().__init__(daemon=True)
-        self.client, self.topic, self.duration_s, self.rate = client, topic, duration_s, rate
-        self.first_closed = first_closed
-        self.expected = Expected()
-        self.done = threading.Event()
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            self._publish()
-        except BaseException as error:  # reported by the driver, which then fails the demo
-            self.error = error
-        finally:
-            self.done.set()
-
-    def _send(self, messages: list[tuple[bytes, dict[str, str]]]) -> None:
-        if messages:
-            self.client.publish(self.topic, messages)
-            self.expected.messages += len(messages)
-
-    def _publish(self) -> None:
-        from jobs.panes import Window
-
-        rng = random.Random(42)
-        start = time.time()
-        seq, late_done, retry_pool = 0, False, []
-        # Go on past `duration_s` until the late events are out (the first window must close first), within reason.
-        while time.time() - start < self.duration_s or (not late_done and time.time() - start < 3 * self.duration_s):
-            tick = time.time()
-            now_ms = int(tick * 1000)
-            messages = []
-            for _ in range(self.rate):
-                # Out of order within a few seconds: the watermark band absorbs it, nothing is late.
-                event = Event(f"ev{seq:07d}", now_ms - rng.randrange(3000), f"k{rng.randrange(8)}", rng.randrange(1, 100))
-                seq += 1
-                self.expected.on_time.setdefault(_key(event.event_time_ms), {})[event.event_id] = event
-                self.expected.publish_ms[event.event_id] = now_ms
-                messages.append((event.data, event.attributes(seq % 2 == 0)))
-                if rng.random() < 0.1:
-                    retry_pool.append((tick, event))
-            retry_pool = [(sent, event) for sent, event in retry_pool if tick - sent < self.retry_within_s]
-            if retry_pool and rng.random() < 0.7:  # a publisher retry: same event_id, a new message
-                _, event = retry_pool.pop(rng.randrange(len(retry_pool)))
-                messages.append((event.data, event.attributes(True)))
-                self.expected.retries += 1
-            if rng.random() < 0.15:
-                kind, data, attributes = MALFORMED[rng.randrange(len(MALFORMED))]
-                if kind != "bad_event_time":
-                    attributes = {**attributes, "event_time": str(now_ms)}
-                messages.append((data, {**attributes, "event_id": f"bad-{seq}"}))
-                self.expected.malformed += 1
-            closed = None if late_done else self.first_closed()
-            if closed is not None:
-                late_done = True
-                base = Window.from_partition_key(closed, 60).start_ms
-                for i in range(20):
-                    late = Event(f"late{i:03d}", base + rng.randrange(60_000), f"k{rng.randrange(8)}", 1000)
-                    messages.append((late.data, late.attributes(False)))
-                self.expected.late[closed] = 20
-            self._send(messages)
-            time.sleep(max(0.0, 1.0 - (time.time() - tick)))
-
-
-def _key(time_ms: int) -> str:
-    from jobs.panes import Window
-
-    return Window.at(time_ms, 60).key
-
-
-def _run_worker_pid(instance, run_id: str) -> int | None:
-    """The pid of the process executing `run_id`, from the engine event its code server logs on starting it."""
-    for entry in instance.all_logs(run_id):
-        match = re.match(r"Started process for run \(pid: (\d+)\)", entry.message or "")
-        if match:
-            return int(match.group(1))
-    return None
-
-
-def _with_descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(proc.name))
-    found, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        found.append(current)
-        todo.extend(children.get(current, []))
-    return found
 
 
 def run_streaming(
@@ -198,7 +72,6 @@ def run_streaming(
     """
     import dagster as dg
 
-    from jobs.panes import CloseStore, Window
     from jobs.reconcile import reconcile, render
     from jobs.source_reader import open_source, source_watermark_ms
     from orchestration.pipelines import load_pipelines
@@ -353,12 +226,10 @@ def _kill_mid_batch(instance, checkpoints, committed: int) -> str | None:
         return None
     runs = instance.get_runs(filters=dg.RunsFilter(job_name="ingest_events", statuses=[dg.DagsterRunStatus.STARTED]))
     for run in runs:
-        worker = _run_worker_pid(instance, run.run_id)
+        worker = run_worker_pid(instance, run.run_id)
         if worker is None:
             continue
-        for pid in _with_descendants(worker):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        kill_tree(worker)
         return run.run_id
     return None
 
@@ -376,7 +247,7 @@ def _published(closes, commits, window, done: str, asset: str) -> bool:
 def _window_outputs(spark, windows_path: str) -> dict[str, dict[str, tuple[int, Decimal]]]:
     outputs: dict[str, dict[str, tuple[int, Decimal]]] = {}
     for row in spark.read.format("delta").load(windows_path).collect():
-        window = _key(int(row["window_start"].timestamp() * 1000))
+        window = Window.at(int(row["window_start"].timestamp() * 1000), 60).key
         outputs.setdefault(window, {})[row["key"]] = (int(row["count"]), Decimal(row["sum_value"]))
     return outputs
 
@@ -386,8 +257,6 @@ def _latencies(instance, name: str, asset: str, expected: Expected, closes, comm
     import dagster as dg
 
     from jobs.commit_steps import sequence_id
-    from jobs.panes import Window
-
     done_ms: dict[str, int] = {}
     end_to_close, close_to_done = [], []
     for window in expected.on_time:

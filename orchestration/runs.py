@@ -4,6 +4,7 @@ A run is in flight while it is queued or running, and also after it failed if Da
 (`dagster/will_retry`) and the retry does not exist yet: a sensor that started new work then would race the retry.
 """
 
+import re
 import time
 
 import dagster as dg
@@ -38,3 +39,12 @@ def in_flight(instance: dg.DagsterInstance, runs: list[dg.DagsterRun]) -> str | 
 def runs_tagged(instance: dg.DagsterInstance, tags: dict[str, str], limit: int = 100) -> list[dg.DagsterRun]:
     """The newest runs with all of `tags`, newest first."""
     return list(instance.get_runs(filters=dg.RunsFilter(tags=tags), limit=limit))
+
+
+def run_worker_pid(instance: dg.DagsterInstance, run_id: str) -> int | None:
+    """The pid of the process executing `run_id`, from the engine event its code server logs on starting it."""
+    for entry in instance.all_logs(run_id):
+        match = re.match(r"Started process for run \(pid: (\d+)\)", entry.message or "")
+        if match:
+            return int(match.group(1))
+    return None

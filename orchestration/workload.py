@@ -1,13 +1,18 @@
-"""Deterministic `events` workloads for the demo, tests and benchmarks: events, publisher retries, bad input."""
+"""`events` workloads for the demo, tests and benchmarks: events, publisher retries, bad input, and a publisher
+that streams them in real time."""
 
 from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
 
+from jobs.panes import Window
 from resources.pubsub import PubSubClient
 
 
@@ -82,3 +87,102 @@ def publish_events(client: PubSubClient, topic: str, events: list[Event], rfc333
 def expected_raw(events: list[Event]) -> list[tuple[str, datetime, str, Decimal]]:
     unique = {e.event_id: e for e in reversed(events)}  # the first occurrence wins
     return sorted(e.expected_row() for e in unique.values())
+
+
+@dataclass
+class Expected:
+    """What the workload published, per window key: the on-time events (first occurrence per ID) and late ones."""
+
+    on_time: dict[str, dict[str, Event]] = field(default_factory=dict)
+    late: dict[str, int] = field(default_factory=dict)
+    publish_ms: dict[str, int] = field(default_factory=dict)
+    messages: int = 0
+    retries: int = 0
+    malformed: int = 0
+
+    def counts(self, window: str) -> dict[str, tuple[int, Decimal]]:
+        per_key: dict[str, tuple[int, Decimal]] = {}
+        for event in self.on_time.get(window, {}).values():
+            count, total = per_key.get(event.key, (0, Decimal(0)))
+            per_key[event.key] = (count + 1, total + event.value)
+        return per_key
+
+
+class Publisher(threading.Thread):
+    """Publishes `rate` events a second for `duration_s` with event times near now, publisher retries, malformed
+    messages, and, once the first window has closed, late events into it."""
+
+    # A publisher retries within seconds (its ack timed out), so only events this recent are resent: a retry
+    # minutes later would carry an old event time and rightly hold the watermark back.
+    retry_within_s = 5.0
+
+    def __init__(self, client, topic: str, duration_s: float, rate: int, first_closed: Callable[[], str | None]):
+        super().__init__(daemon=True)
+        self.client, self.topic, self.duration_s, self.rate = client, topic, duration_s, rate
+        self.first_closed = first_closed
+        self.expected = Expected()
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self._publish()
+        except BaseException as error:  # reported by the driver, which then fails the demo
+            self.error = error
+        finally:
+            self.done.set()
+
+    def _send(self, messages: list[tuple[bytes, dict[str, str]]]) -> None:
+        if messages:
+            self.client.publish(self.topic, messages)
+            self.expected.messages += len(messages)
+
+    def _publish(self) -> None:
+        rng = random.Random(42)
+        start = time.time()
+        seq, late_done, retry_pool = 0, False, []
+        # Go on past `duration_s` until the late events are out (the first window must close first), within reason.
+        while time.time() - start < self.duration_s or (not late_done and time.time() - start < 3 * self.duration_s):
+            tick = time.time()
+            now_ms = int(tick * 1000)
+            messages = []
+            for _ in range(self.rate):
+                # Out of order within a few seconds: the watermark band absorbs it, nothing is late.
+                event = Event(f"ev{seq:07d}", now_ms - rng.randrange(3000), f"k{rng.randrange(8)}", rng.randrange(1, 100))
+                seq += 1
+                self.expected.on_time.setdefault(_key(event.event_time_ms), {})[event.event_id] = event
+                self.expected.publish_ms[event.event_id] = now_ms
+                messages.append((event.data, event.attributes(seq % 2 == 0)))
+                if rng.random() < 0.1:
+                    retry_pool.append((tick, event))
+            retry_pool = [(sent, event) for sent, event in retry_pool if tick - sent < self.retry_within_s]
+            if retry_pool and rng.random() < 0.7:  # a publisher retry: same event_id, a new message
+                _, event = retry_pool.pop(rng.randrange(len(retry_pool)))
+                messages.append((event.data, event.attributes(True)))
+                self.expected.retries += 1
+            if rng.random() < 0.15:
+                kind, data, attributes = MALFORMED[rng.randrange(len(MALFORMED))]
+                if kind != "bad_event_time":
+                    attributes = {**attributes, "event_time": str(now_ms)}
+                messages.append((data, {**attributes, "event_id": f"bad-{seq}"}))
+                self.expected.malformed += 1
+            closed = None if late_done else self.first_closed()
+            if closed is not None:
+                late_done = True
+                base = Window.from_partition_key(closed, 60).start_ms
+                for i in range(20):
+                    late = Event(f"late{i:03d}", base + rng.randrange(60_000), f"k{rng.randrange(8)}", 1000)
+                    messages.append((late.data, late.attributes(False)))
+                self.expected.late[closed] = 20
+            self._send(messages)
+            time.sleep(max(0.0, 1.0 - (time.time() - tick)))
+
+
+def _key(time_ms: int) -> str:
+    from jobs.panes import Window
+
+    return Window.at(time_ms, 60).key
+
+
+def _key(time_ms: int) -> str:
+    return Window.at(time_ms, 60).key

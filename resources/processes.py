@@ -7,6 +7,8 @@ import signal
 import subprocess
 from collections.abc import Sequence
 
+import psutil
+
 
 def stop_process_group(
     process: subprocess.Popen[bytes],
@@ -28,3 +30,21 @@ def stop_process_group(
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+def kill_tree(pid: int, sig: signal.Signals = signal.SIGKILL) -> list[int]:
+    """Signal `pid` and every process below it, children first listed at once (so none escapes by re-parenting);
+    returns the pids signalled. A process already gone is skipped."""
+    try:
+        root = psutil.Process(pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+    signalled = []
+    for process in tree:
+        try:
+            process.send_signal(sig)
+            signalled.append(process.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return signalled

@@ -23,16 +23,15 @@ import pytest
 from google.api_core.exceptions import NotFound
 from google.cloud import bigquery
 
+from jobs.bigquery_load import BigQueryLoad
+from jobs.commit_step import CommitContext, sha256_hex
 from jobs.commit_steps import (
-    BigQueryLoad,
-    CommitContext,
     CommitSequence,
-    CommitStep,
     FileFinalize,
     HighWatermark,
     run_sequence,
     sequence_id,
-    sha256_hex,
+    step_from_dict,
 )
 from jobs.panes import Window
 from jobs.publish import BigQueryTarget, PublishedPane, publish_pane
@@ -161,7 +160,8 @@ CHILD = """
 import sys
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import bigquery
-from jobs.commit_steps import CommitContext, run_sequence
+from jobs.commit_step import CommitContext
+from jobs.commit_steps import run_sequence
 from resources.commit_store import CommitStore
 from resources.object_store import LocalStore
 
@@ -565,7 +565,7 @@ def test_steps_round_trip_through_their_stored_form(home: Path) -> None:
         ["count", "11"], ["sum_value", "12345678901234567889.373456789"], ["raw_version", "33"], ["pane", "3"],
     ])
     with pytest.raises(ValueError, match="unknown commit step kind 'nope'"):
-        CommitStep.from_dict({"kind": "nope"})
+        step_from_dict({"kind": "nope"})
 
 
 def test_ids_are_deterministic_and_valid() -> None:

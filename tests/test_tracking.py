@@ -6,8 +6,9 @@ import time
 
 import pytest
 
+from jobs.backlog import EmulatorBacklogProbe
 from jobs.tracking import TrackingDrainer, parse_event_time_ms, sample_of
-from jobs.watermark import EmulatorBacklogProbe, PubSubWatermark
+from jobs.watermark import PubSubWatermark
 from resources.pubsub import PubSubClient, PulledMessage
 from resources.pubsub_emulator import PubSubEmulator
 from tests.pipelines import SUBSCRIPTION, TOPIC, TRACKING, events_pipeline, new_project

@@ -12,16 +12,9 @@ from typing import Any, Self
 
 import pytest
 
-from jobs.watermark import (
-    BacklogProbe,
-    CloudMonitoringBacklogProbe,
-    EmulatorBacklogProbe,
-    FileWatermark,
-    MessageKey,
-    PubSubWatermark,
-    TrackingSample,
-    WatermarkEstimator,
-)
+from jobs.backlog import BacklogProbe, CloudMonitoringBacklogProbe, EmulatorBacklogProbe, MessageKey
+from jobs.tracking import TrackingSample
+from jobs.watermark import FileWatermark, PubSubWatermark, WatermarkEstimator
 
 T0 = 1_763_720_000_000  # 2025-11-21T10:13:20Z, a whole second
 BAND = 10_000
