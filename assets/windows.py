@@ -17,11 +17,10 @@ from jobs.finalize_job import commit_context
 from jobs.ingest_job import raw_asset_key
 from jobs.panes import PARTITION_FORMAT, CloseStore, Window
 from jobs.sinks import output_sinks, publish_closed
-from jobs.source_reader import source_watermark_ms
+from jobs.source_reader import open_source, source_watermark_ms
 from jobs.window_checks import duplicate_record_ids, output_mismatches, unaccounted_late
 from jobs.windows import WindowResult, materialize_windows
 from resources.bigquery import BigQueryResource
-from resources.checkpoint import CheckpointStore
 from resources.lake import LakeResource
 from resources.spark import SparkResource
 
@@ -89,8 +88,8 @@ def build_window_asset(pipeline: Pipeline, output: WindowedOutput) -> dg.AssetsD
     ):
         session = spark.get_session()
         raw_path, windows_path = lake.table_path(pipeline.raw_table), lake.table_path(output.table)
-        watermark = source_watermark_ms(CheckpointStore(lake.checkpoints(), pipeline.source_id).load())
-        closes = CloseStore(lake.checkpoints(), output.asset)
+        watermark = source_watermark_ms(open_source(pipeline, lake).checkpoints.load())
+        closes = CloseStore(lake.panes(), output.asset)
         windows = [Window.from_partition_key(k, output.window_s) for k in context.partition_keys]
         results = materialize_windows(session, pipeline, output, windows, watermark, closes, raw_path, windows_path)
 

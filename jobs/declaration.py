@@ -151,7 +151,8 @@ class Pipeline:
     `schema` is a Spark DDL string of the payload's fields, each record validated against it. `dedup_horizon`
     bounds how far back record IDs are checked (older records are dead letters). An event time more than
     `max_clock_skew` ahead of the batch is a dead letter. `start_date` (`YYYY-MM-DD`, UTC) is the first window
-    of every output's partitions.
+    of every output's partitions. `retention` is how long the Delta tables keep old versions: a closed window can
+    be recomputed from its pinned input (a retry, a backfill) for that long after it closed, and no longer.
     """
 
     name: str
@@ -163,6 +164,7 @@ class Pipeline:
     max_clock_skew: str = "1h"
     max_record_bytes: int = 64 * 1024
     start_date: str = "2026-11-01"
+    retention: str = "30d"
     watermark_band: str | None = None
     watermark_idle: str | None = None
     description: str | None = None
@@ -196,6 +198,10 @@ class Pipeline:
     def max_clock_skew_s(self) -> int:
         return parse_duration(self.max_clock_skew)
 
+    @property
+    def retention_s(self) -> int:
+        return parse_duration(self.retention)
+
     def output(self, asset: str) -> WindowedOutput:
         return next(o for o in self.outputs if o.asset == asset)
 
@@ -218,10 +224,12 @@ def _check_pipeline(p: Pipeline) -> None:
             fail("schema", f"field {f.name!r} is a column onceflow adds itself ({', '.join(RAW_BOOKKEEPING)})")
     if p.delivery not in DELIVERY_MODES:
         fail("delivery", f"{p.delivery!r} is not a delivery mode: use {' or '.join(map(repr, DELIVERY_MODES))}")
-    for name in ("dedup_horizon", "max_clock_skew", "watermark_band", "watermark_idle"):
+    for name in ("dedup_horizon", "max_clock_skew", "retention", "watermark_band", "watermark_idle"):
         value = getattr(p, name)
         if value is not None:
             _duration(value, name, fail)
+    if _duration(p.retention, "retention", fail) < 3600:
+        fail("retention", f"{p.retention!r}: keep versions at least an hour (a window's recompute needs them)")
     if not isinstance(p.max_record_bytes, int) or p.max_record_bytes < 1:
         fail("max_record_bytes", f"{p.max_record_bytes!r} must be a positive number of bytes")
     try:

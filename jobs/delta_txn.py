@@ -4,6 +4,9 @@ Delta skips a write whose `(txnAppId, txnVersion)` the table has already seen, a
 replayed batch is a no-op before any row is compared. For SQL commands (MERGE) the ids travel as session
 settings; they are set and cleared around exactly one command under a lock, so no two writers of this process
 ever share them. DataFrame appends pass them as writer options instead.
+
+Also here: the version a table holds for an app id (read from its log), how Delta names a lost commit race, the
+metrics of the commit that did a batch's work, and the retention every onceflow table is created with.
 """
 
 from __future__ import annotations
@@ -14,12 +17,33 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
 from pyspark.sql import DataFrame, SparkSession
 
 _APP_ID = "spark.databricks.delta.write.txnAppId"
 _VERSION = "spark.databricks.delta.write.txnVersion"
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 _lock = threading.Lock()
+# How Delta names the conflicts of two writers committing at once (class names, or error classes over Connect).
+_CONFLICTS = ("DELTA_CONCURRENT_", "ConcurrentAppendException", "ConcurrentTransactionException",
+              "ConcurrentDeleteReadException", "ConcurrentDeleteDeleteException", "MetadataChangedException")
+
+
+def is_concurrent_commit(error: BaseException) -> bool:
+    """Whether `error` is Delta refusing a commit because another writer committed first."""
+    return any(marker in str(error) for marker in _CONFLICTS)
+
+
+def committed_batch(path: str, app_id: str) -> int | None:
+    """The SetTransaction version the table at `path` holds for `app_id` (read from its log), None if none.
+
+    Read with delta-rs straight from the log: no Spark session needed, and the same on every replay.
+    """
+    try:
+        return DeltaTable(path).transaction_version(app_id)
+    except TableNotFoundError:
+        return None
 
 
 @contextmanager
@@ -68,3 +92,12 @@ def committed_metrics(spark: SparkSession, path: str, metadata: dict[str, Any], 
     if not rows:
         raise RuntimeError(f"{path}: Delta skipped a transaction whose commit ({wanted}) is not in its history")
     return dict(rows[0]["operationMetrics"])
+
+
+def retention_properties(retention_s: int) -> str:
+    """The TBLPROPERTIES clause that keeps a table's old versions for `retention_s`."""
+    hours = max(1, retention_s // 3600)
+    return (
+        f"TBLPROPERTIES ('delta.logRetentionDuration' = 'interval {hours} hours', "
+        f"'delta.deletedFileRetentionDuration' = 'interval {hours} hours')"
+    )

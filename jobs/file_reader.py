@@ -69,13 +69,16 @@ class FileReader:
         )
         return spark.createDataFrame(table)
 
+    def landed_count(self, plan: BatchPlan) -> int:
+        return sum(1 for entry in plan.files for _ in self.directory.lines(entry))
+
     def watermark(self, state: dict) -> WatermarkEstimator:
         return FileWatermark(
             parse_duration(self.source.out_of_orderness) * 1000,
             idle_timeout_ms=parse_duration(self.pipeline.watermark_idle or "120s") * 1000,
         ).from_state(state)
 
-    def before_batch(self, watermark: WatermarkEstimator, now_ms: int) -> None:
+    def before_batch(self, now_ms: int) -> None:
         return None
 
     def after_commit(

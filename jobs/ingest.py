@@ -2,11 +2,14 @@
 
 Per batch: validate every record against the pipeline's record contract (`jobs.validation`; bad ones become
 dead-letter rows with a reason), drop duplicates inside the batch, then `MERGE INTO raw ... ON record_id ...
-WHEN NOT MATCHED THEN INSERT` with a partition predicate that bounds the lookup to the dedup horizon. The MERGE and the dead-letter append each carry the
-SetTransaction `(source_id, batch_id)`, so replaying a committed batch changes nothing.
+WHEN NOT MATCHED THEN INSERT` with a partition predicate that bounds the lookup to the dedup horizon. Dead letters
+are MERGEd the same way into the dead-letter table on their record ID, so a bad record redelivered in a later
+batch is held once. Both commits carry the SetTransaction `(app id, batch id)`, so replaying a committed batch
+changes nothing; a concurrent attempt at the same batch that commits first makes this one a replay.
 
-Received records always balance: received = inserted + duplicates (in batch, already committed, or in a replayed
-batch) + dead-lettered.
+What a batch did is counted from independent facts where there are some: `landed` comes from the landing
+(Parquet metadata or the planned files' lines), `inserted` and `dead_lettered_new` from the Delta commits' own
+metrics; `balances()` checks them against the classification.
 """
 
 from __future__ import annotations
@@ -19,17 +22,33 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from jobs.declaration import Pipeline
-from jobs.delta_txn import append_once, committed_metrics, delta_transaction, latest_version
+from jobs.delta_txn import (
+    append_once,
+    committed_batch,
+    committed_metrics,
+    delta_transaction,
+    is_concurrent_commit,
+    latest_version,
+    retention_properties,
+)
 from jobs.schema import field_ddl
+from jobs.source_reader import SourceRuntime
 from jobs.validation import RecordContract, classify
 from resources.checkpoint import BatchPlan
 
 DEAD_LETTER_COLUMNS = """
-    source_position STRING, raw STRING, reason STRING NOT NULL, detail STRING, record_id STRING,
+    source_position STRING, raw STRING, reason STRING NOT NULL, detail STRING, record_id STRING NOT NULL,
     event_time TIMESTAMP, batch_id BIGINT, ingested_at TIMESTAMP
 """
-# The raw table's time bucket (its partition column): the unit in which the dedup horizon prunes the MERGE.
-BUCKET_FORMAT = "yyyy-MM-dd-HH"
+MERGE_TRIES = 3
+BUCKET_MS = 3_600_000
+"""The raw table's time bucket (its partition column, `time_bucket`): whole hours since the epoch, the unit in
+which the dedup horizon prunes the MERGE. Epoch arithmetic, so no session time zone can shift it."""
+
+
+def bucket_of(column: str) -> str:
+    """SQL for the time bucket of a TIMESTAMP column."""
+    return f"CAST(floor(unix_millis({column}) / {BUCKET_MS}) AS BIGINT)"
 
 
 def raw_columns(schema: T.StructType) -> str:
@@ -38,66 +57,82 @@ def raw_columns(schema: T.StructType) -> str:
     return (
         f"record_id STRING NOT NULL, event_time TIMESTAMP NOT NULL, {fields}, payload STRING, "
         "source_position STRING, publish_time TIMESTAMP, batch_id BIGINT, ingested_at TIMESTAMP, "
-        "time_bucket STRING NOT NULL"
+        "time_bucket BIGINT NOT NULL"
     )
 
 
 @dataclass
 class IngestResult:
-    """What one micro-batch did; the counts balance: received = inserted + duplicates + dead_lettered.
+    """What one micro-batch did. Every landed record is one of: inserted, a duplicate (of a record earlier in the
+    batch or already committed), or a dead letter (new, or a duplicate of a dead letter already held).
 
-    For a replayed batch (`replayed`: committed by an earlier attempt, so nothing was written now) the counts are
-    those of the commit that did the work, read back from the Delta history: totals over batches stay exact.
+    For a replayed batch (`replayed`: committed by an earlier or concurrent attempt, nothing written now) the
+    counts are those of the commit that did the work, read back from the Delta history: totals stay exact.
+    `lost_race` says a concurrent attempt at the same batch committed first; `realigned_from` is the batch the
+    checkpoint wrongly claimed as the last committed one, when the lake was ahead of it.
     """
 
     batch_id: int
+    landed: int = 0
     received: int = 0
     inserted: int = 0
     duplicates_in_batch: int = 0
     duplicates_committed: int = 0
     dead_lettered: dict[str, int] = field(default_factory=dict)
+    dead_lettered_new: int = 0
     replayed: bool = False
+    lost_race: bool = False
+    realigned_from: int | None = None
     raw_version: int | None = None
     min_event_time_ms: int | None = None
     max_event_time_ms: int | None = None
 
     @property
     def duplicates(self) -> int:
-        return self.duplicates_in_batch + self.duplicates_committed
+        return self.duplicates_in_batch + self.duplicates_committed + self.dead_letter_duplicates
 
     @property
     def dead_lettered_total(self) -> int:
         return sum(self.dead_lettered.values())
 
+    @property
+    def dead_letter_duplicates(self) -> int:
+        return self.dead_lettered_total - self.dead_lettered_new
+
     def balances(self) -> bool:
-        return self.received == self.inserted + self.duplicates + self.dead_lettered_total
+        """The landing's record count equals what classification saw, and what the commits wrote plus the
+        duplicates accounts for every record, with no count negative."""
+        counts = (self.inserted, self.duplicates_in_batch, self.duplicates_committed, self.dead_lettered_new,
+                  self.dead_letter_duplicates)
+        return (
+            self.landed == self.received
+            and self.received == self.inserted + self.duplicates + self.dead_lettered_new
+            and min(counts) >= 0
+        )
 
 
-def ensure_raw_table(spark: SparkSession, raw_path: str, schema: T.StructType) -> None:
+def ensure_raw_table(spark: SparkSession, raw_path: str, pipeline: Pipeline) -> None:
     spark.sql(
-        f"CREATE TABLE IF NOT EXISTS delta.`{raw_path}` ({raw_columns(schema)}) USING delta "
-        "PARTITIONED BY (time_bucket)"
+        f"CREATE TABLE IF NOT EXISTS delta.`{raw_path}` ({raw_columns(pipeline.record_schema)}) USING delta "
+        f"PARTITIONED BY (time_bucket) {retention_properties(pipeline.retention_s)}"
     )
 
 
-def ensure_tables(spark: SparkSession, pipeline: Pipeline, raw_path: str, dead_letter_path: str) -> None:
-    ensure_raw_table(spark, raw_path, pipeline.record_schema)
-    spark.sql(f"CREATE TABLE IF NOT EXISTS delta.`{dead_letter_path}` ({DEAD_LETTER_COLUMNS}) USING delta")
+def ensure_tables(spark: SparkSession, source: SourceRuntime) -> None:
+    ensure_raw_table(spark, source.raw_path, source.pipeline)
+    spark.sql(
+        f"CREATE TABLE IF NOT EXISTS delta.`{source.dead_letter_path}` ({DEAD_LETTER_COLUMNS}) USING delta "
+        f"{retention_properties(source.pipeline.retention_s)}"
+    )
 
 
-def ingest_batch(
-    spark: SparkSession,
-    pipeline: Pipeline,
-    plan: BatchPlan,
-    landed: DataFrame,
-    raw_path: str,
-    dead_letter_path: str,
-) -> IngestResult:
+def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, landed: DataFrame) -> IngestResult:
     """Commit one landed batch to the raw and dead-letter tables, exactly once (or at least once)."""
-    ensure_tables(spark, pipeline, raw_path, dead_letter_path)
-    result = IngestResult(batch_id=plan.batch_id)
-    ingested_at = F.expr(f"timestamp_millis({plan.planned_at_ms})")
-    metadata = {"onceflow_source": pipeline.source_id, "onceflow_batch": plan.batch_id}
+    ensure_tables(spark, source)
+    pipeline = source.pipeline
+    result = IngestResult(batch_id=plan.batch_id, landed=source.reader.landed_count(plan))
+    ingested_at = F.timestamp_millis(F.lit(plan.planned_at_ms)).alias("ingested_at")
+    metadata = {"onceflow_source": source.app_id, "onceflow_batch": plan.batch_id}
     contract = RecordContract.of(pipeline)
     classified = (
         classify(landed, contract, plan.planned_at_ms, plan.horizon_floor_ms)
@@ -105,88 +140,108 @@ def ingest_batch(
         .cache()
     )
     try:
-        summary = classified.groupBy("reason").agg(
-            F.count(F.lit(1)).alias("n"),
-            F.min(F.when(F.col("reason").isNull(), F.col("event_time"))).alias("min_t"),
-            F.max(F.when(F.col("reason").isNull(), F.col("event_time"))).alias("max_t"),
-        )
-        for row in summary.collect():
-            result.received += row["n"]
-            if row["reason"] is not None:
-                result.dead_lettered[row["reason"]] = row["n"]
-            elif row["n"]:
-                result.min_event_time_ms = int(row["min_t"].timestamp() * 1000)
-                result.max_event_time_ms = int(row["max_t"].timestamp() * 1000)
+        _summarize(classified, result)
         if result.dead_lettered:
             dead = classified.filter(F.col("reason").isNotNull()).select(
-                "source_position",
-                F.coalesce(F.col("payload"), F.base64("data")).alias("raw"),
-                "reason",
-                "detail",
-                "record_id",
-                "event_time",
-                "batch_id",
-                ingested_at.alias("ingested_at"),
+                "source_position", F.coalesce(F.col("payload"), F.base64("data")).alias("raw"), "reason", "detail",
+                "record_id", "event_time", "batch_id", ingested_at, "ordinal",
             )
-            append_once(dead, dead_letter_path, pipeline.source_id, plan.batch_id, metadata)
-
+            written = _merge_once(spark, source, plan, _first_per_id(dead), source.dead_letter_path, None, metadata)
+            result.dead_lettered_new = written.inserted
         valid = classified.filter(F.col("reason").isNull()).select(
-            "record_id",
-            "event_time",
-            *(f.name for f in contract.schema),
-            "payload",
-            "source_position",
-            "publish_time",
-            "batch_id",
-            ingested_at.alias("ingested_at"),
-            F.date_format("event_time", BUCKET_FORMAT).alias("time_bucket"),
-            "ordinal",
+            "record_id", "event_time", *(f.name for f in contract.schema), "payload", "source_position",
+            "publish_time", "batch_id", ingested_at, F.expr(bucket_of("event_time")).alias("time_bucket"), "ordinal",
         )
         valid_count = result.received - result.dead_lettered_total
         if pipeline.delivery == "at_least_once":
-            before = latest_version(spark, raw_path)
-            append_once(valid.drop("ordinal"), raw_path, pipeline.source_id, plan.batch_id, metadata)
-            result.raw_version = latest_version(spark, raw_path)
+            before = latest_version(spark, source.raw_path)
+            append_once(valid.drop("ordinal"), source.raw_path, source.app_id, plan.batch_id, metadata)
+            result.raw_version = latest_version(spark, source.raw_path)
             result.replayed = result.raw_version == before
             result.inserted = valid_count
             return result
-
-        first = Window.partitionBy("record_id").orderBy("ordinal")
-        unique = valid.withColumn("_rank", F.row_number().over(first)).filter("_rank = 1").drop("_rank", "ordinal")
+        unique = _first_per_id(valid)
         unique_count = unique.count()
         result.duplicates_in_batch = valid_count - unique_count
-        inserted = _merge_new_records(spark, pipeline, plan, unique, raw_path, metadata)
-        result.raw_version = latest_version(spark, raw_path)
-        if inserted is None:
-            result.replayed = True
-            inserted = int(committed_metrics(spark, raw_path, metadata)["numTargetRowsInserted"])
-        result.inserted = inserted
-        result.duplicates_committed = unique_count - inserted
+        written = _merge_once(spark, source, plan, unique, source.raw_path, plan.horizon_floor_ms, metadata)
+        result.raw_version = latest_version(spark, source.raw_path)
+        result.replayed, result.lost_race = written.replayed, result.lost_race or written.lost_race
+        result.inserted = written.inserted
+        result.duplicates_committed = unique_count - written.inserted
         return result
     finally:
         classified.unpersist()
 
 
-def _merge_new_records(
-    spark: SparkSession, pipeline: Pipeline, plan: BatchPlan, unique: DataFrame, raw_path: str, metadata: dict
-) -> int | None:
-    """Insert the records whose IDs the raw table does not hold yet; None if the batch was committed before."""
-    view = f"onceflow_batch_{uuid.uuid4().hex}"
-    unique.createOrReplaceTempView(view)
+def _summarize(classified: DataFrame, result: IngestResult) -> None:
+    summary = classified.groupBy("reason").agg(
+        F.count(F.lit(1)).alias("n"),
+        F.min(F.when(F.col("reason").isNull(), F.col("event_time"))).alias("min_t"),
+        F.max(F.when(F.col("reason").isNull(), F.col("event_time"))).alias("max_t"),
+    )
+    for row in summary.collect():
+        result.received += row["n"]
+        if row["reason"] is not None:
+            result.dead_lettered[row["reason"]] = row["n"]
+        elif row["n"]:
+            result.min_event_time_ms = int(row["min_t"].timestamp() * 1000)
+            result.max_event_time_ms = int(row["max_t"].timestamp() * 1000)
+
+
+def _first_per_id(records: DataFrame) -> DataFrame:
+    """The first record of each ID in landing order: the one a batch keeps."""
+    first = Window.partitionBy("record_id").orderBy("ordinal")
+    return records.withColumn("_rank", F.row_number().over(first)).filter("_rank = 1").drop("_rank", "ordinal")
+
+
+@dataclass(frozen=True)
+class Written:
+    inserted: int
+    replayed: bool
+    lost_race: bool = False
+
+
+def _merge_once(
+    spark: SparkSession,
+    source: SourceRuntime,
+    plan: BatchPlan,
+    rows: DataFrame,
+    path: str,
+    horizon_floor_ms: int | None,
+    metadata: dict,
+) -> Written:
+    """Insert the rows whose IDs the table does not hold yet, as the transaction `(app id, batch)`.
+
+    A batch committed before (by an earlier attempt, or by a concurrent one that won the race) writes nothing and
+    reports the winning commit's own count.
+    """
     horizon = ""
-    if plan.horizon_floor_ms is not None:
+    if horizon_floor_ms is not None:
         # A constant predicate on the partition column: the MERGE reads only buckets inside the dedup horizon.
-        horizon = (
-            f" AND t.time_bucket >= date_format(timestamp_millis({plan.horizon_floor_ms}), '{BUCKET_FORMAT}')"
-        )
+        horizon = f" AND t.time_bucket >= {horizon_floor_ms // BUCKET_MS}"
+    view = f"onceflow_batch_{uuid.uuid4().hex}"
+    rows.createOrReplaceTempView(view)
     try:
-        with delta_transaction(spark, pipeline.source_id, plan.batch_id, metadata):
-            rows = spark.sql(
-                f"MERGE INTO delta.`{raw_path}` t USING {view} s "
-                f"ON t.record_id = s.record_id{horizon} "
-                "WHEN NOT MATCHED THEN INSERT *"
-            ).collect()
+        for attempt in range(MERGE_TRIES):
+            try:
+                with delta_transaction(spark, source.app_id, plan.batch_id, metadata):
+                    answer = spark.sql(
+                        f"MERGE INTO delta.`{path}` t USING {view} s ON t.record_id = s.record_id{horizon} "
+                        "WHEN NOT MATCHED THEN INSERT *"
+                    ).collect()
+                break
+            except Exception as error:
+                if not is_concurrent_commit(error):
+                    raise
+                if (committed_batch(path, source.app_id) or 0) >= plan.batch_id:
+                    # A concurrent attempt at this very batch committed it first: this one is a replay.
+                    count = int(committed_metrics(spark, path, metadata)["numTargetRowsInserted"])
+                    return Written(count, replayed=True, lost_race=True)
+                if attempt == MERGE_TRIES - 1:
+                    raise  # another writer (maintenance, say) kept conflicting: fail, Dagster retries the run
     finally:
         spark.catalog.dropTempView(view)
-    # Delta answers a MERGE it skipped for an already-seen SetTransaction with no result row and no commit.
-    return int(rows[0]["num_inserted_rows"]) if rows else None
+    if answer:
+        return Written(int(answer[0]["num_inserted_rows"]), replayed=False)
+    # Delta skips a MERGE whose SetTransaction it has seen: no result row, no commit.
+    return Written(int(committed_metrics(spark, path, metadata)["numTargetRowsInserted"]), replayed=True)

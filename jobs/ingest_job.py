@@ -39,9 +39,13 @@ def ingest_metadata(result: IngestResult) -> dict[str, Any]:
         "duplicates_in_batch": result.duplicates_in_batch,
         "duplicates_already_committed": result.duplicates_committed,
         "replayed_batch_noop": result.replayed,
-        "dead_lettered": result.dead_lettered_total,
+        "lost_commit_race": result.lost_race,
+        "dead_lettered": result.dead_lettered_new,
+        "dead_letter_duplicates": result.dead_letter_duplicates,
         "delta_version": result.raw_version,
     }
+    if result.realigned_from is not None:
+        metadata["checkpoint_was_behind_lake_at_batch"] = result.realigned_from
     for reason, count in sorted(result.dead_lettered.items()):
         metadata[f"dead_lettered_{reason}"] = count
     if result.max_event_time_ms is not None:
@@ -65,7 +69,7 @@ def build_ingest_job(pipeline: Pipeline) -> dg.JobDefinition:
             raise RuntimeError(f"batch {result.batch_id} does not balance: {result}")
         context.log.info(
             f"{pipeline.source_id} batch {result.batch_id}: read {result.received}, inserted {result.inserted}, "
-            f"duplicates {result.duplicates}, dead-lettered {result.dead_lettered_total}"
+            f"duplicates {result.duplicates}, dead-lettered {result.dead_lettered_new}"
             + (" (replayed batch: already committed, nothing written)" if result.replayed else "")
         )
         context.log_event(dg.AssetMaterialization(asset_key=raw_key, metadata=ingest_metadata(result)))

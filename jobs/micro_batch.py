@@ -1,22 +1,30 @@
 """One micro-batch of a source, end to end: plan (and land), ingest, then advance the checkpoint.
 
-Each step is safe to crash in. A landed-but-uncommitted batch is replayed as it was; a batch that committed but
-whose checkpoint did not advance is recognised by its Delta SetTransaction and skipped; redelivered messages are
-deduplicated against the raw table.
+Each step is safe to crash in, and to overlap with another attempt at the same batch. A landed-but-uncommitted
+batch is replayed as it was; a batch that committed but whose checkpoint did not advance is recognised by its
+Delta SetTransaction and skipped; redelivered messages are deduplicated against the raw table. Every checkpoint
+change is a compare-and-swap recomputed on the newest checkpoint, so an overlapping run never moves it back.
+
+Batch numbers never trust the checkpoint alone: the next batch is above both the checkpoint's last one and the
+SetTransaction version the lake holds for the source. A checkpoint lost or restored from an older copy is said
+loudly (the `onceflow` logger, which Dagster records in the run) and numbering continues above the lake's.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 from pyspark.sql import SparkSession
 
+from jobs.delta_txn import committed_batch
 from jobs.ingest import IngestResult, ingest_batch
-from jobs.source_reader import SourceRuntime, source_watermark_ms
-from resources.checkpoint import BatchPlan, CheckpointStore, SourceCheckpoint
+from jobs.source_reader import SourceReader, SourceRuntime, source_watermark_ms
+from resources.checkpoint import BatchPlan, SourceCheckpoint
 from resources.faults import crash_point
+
+log = logging.getLogger("onceflow")
 
 
 def run_micro_batch(get_spark: Callable[[], SparkSession], source: SourceRuntime) -> IngestResult | None:
@@ -26,24 +34,50 @@ def run_micro_batch(get_spark: Callable[[], SparkSession], source: SourceRuntime
     watermark advances too). Spark is asked for only once there is a batch, so an idle poll costs no Spark work.
     """
     pipeline, reader = source.pipeline, source.reader
-    checkpoint = source.checkpoints.load()
-    watermark = reader.watermark(checkpoint.watermark)
-    reader.before_batch(watermark, _now_ms())
-    plan = reader.next_plan(checkpoint, horizon_floor_ms(pipeline.delivery, pipeline.dedup_horizon_s, checkpoint))
+    reader.before_batch(_now_ms())
+    checkpoint, realigned_from = align_with_lake(source)
+    floor = horizon_floor_ms(pipeline.delivery, pipeline.dedup_horizon_s, checkpoint)
+    plan = reader.next_plan(checkpoint, floor)
     if plan is None:
-        watermark.current(_now_ms())
-        checkpoint.watermark = watermark.to_state()
-        source.checkpoints.save(checkpoint)
+        source.checkpoints.update(lambda c: _with_watermark(reader, c))
         return None
     spark = get_spark()
-    result = ingest_batch(
-        spark, pipeline, plan, reader.landed(spark, plan), source.raw_path, source.dead_letter_path
-    )
+    result = ingest_batch(spark, source, plan, reader.landed(spark, plan))
+    result.realigned_from = realigned_from
+    if result.lost_race:
+        log.warning(f"{source.app_id} batch {plan.batch_id}: a concurrent attempt committed it first; this run "
+                    "wrote nothing and counts that commit's figures")
     crash_point("ingest.after_merge")
-    reader.after_commit(watermark, plan, result, _now_ms())
-    watermark.current(_now_ms())
-    advance_checkpoint(source.checkpoints, plan, result, watermark.to_state())
+    source.checkpoints.update(lambda c: advanced(reader, c, plan, result))
     return result
+
+
+def align_with_lake(source: SourceRuntime) -> tuple[SourceCheckpoint, int | None]:
+    """The checkpoint, moved up to the last batch the lake has committed for this source if it was behind; and
+    the batch it said before, when it was behind (else None).
+
+    The lake one batch ahead with that batch's plan at hand is the ordinary crash between the Delta commit and
+    the checkpoint: the plan is replayed (a no-op in Delta) and advances the checkpoint as it should. Further
+    ahead, or without the plan, the checkpoint was lost or restored from an older copy.
+    """
+    lake = max(committed_batch(source.raw_path, source.app_id) or 0,
+               committed_batch(source.dead_letter_path, source.app_id) or 0)
+    checkpoint = source.checkpoints.load()
+    next_batch = checkpoint.next_batch
+    if lake < next_batch or (lake == next_batch and source.checkpoints.get_plan(next_batch) is not None):
+        return checkpoint, None
+    log.warning(
+        f"{source.app_id}: the checkpoint's last committed batch is {checkpoint.committed_batch} but the lake has "
+        f"committed batch {lake}: the checkpoint was lost or restored from an older copy. Numbering continues at "
+        f"batch {lake + 1}; nothing committed is lost or written twice (`onceflow reset {source.pipeline.name}` "
+        "starts a new epoch deliberately)"
+    )
+
+    def realign(c: SourceCheckpoint) -> SourceCheckpoint:
+        c.committed_batch = max(c.committed_batch, lake)
+        return c
+
+    return source.checkpoints.update(realign), checkpoint.committed_batch
 
 
 def horizon_floor_ms(delivery: str, dedup_horizon_s: int, checkpoint: SourceCheckpoint) -> int | None:
@@ -62,14 +96,24 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def advance_checkpoint(
-    checkpoints: CheckpointStore, plan: BatchPlan, result: IngestResult, watermark: dict[str, Any]
-) -> None:
-    checkpoint = checkpoints.load()
+def _with_watermark(reader: SourceReader, checkpoint: SourceCheckpoint) -> SourceCheckpoint:
+    watermark = reader.watermark(checkpoint.watermark)
+    watermark.current(_now_ms())
+    checkpoint.watermark = watermark.to_state()
+    return checkpoint
+
+
+def advanced(
+    reader: SourceReader, checkpoint: SourceCheckpoint, plan: BatchPlan, result: IngestResult
+) -> SourceCheckpoint | None:
+    """The checkpoint with batch `plan` committed; None if a concurrent attempt advanced it already."""
     if checkpoint.committed_batch >= plan.batch_id:
-        return  # a concurrent attempt advanced it already
+        return None
+    watermark = reader.watermark(checkpoint.watermark)
+    reader.after_commit(watermark, plan, result, _now_ms())
+    watermark.current(_now_ms())
+    checkpoint.watermark = watermark.to_state()
     checkpoint.committed_batch = plan.batch_id
-    checkpoint.watermark = watermark
     if result.max_event_time_ms is not None:
         checkpoint.max_event_time_ms = max(checkpoint.max_event_time_ms or 0, result.max_event_time_ms)
     if result.min_event_time_ms is not None:
@@ -82,8 +126,7 @@ def advance_checkpoint(
         ("received", result.received),
         ("inserted", result.inserted),
         ("duplicates", result.duplicates),
-        ("dead_lettered", result.dead_lettered_total),
+        ("dead_lettered", result.dead_lettered_new),
     ):
         checkpoint.totals[name] = checkpoint.totals.get(name, 0) + count
-    checkpoint.updated_at_ms = int(time.time() * 1000)
-    checkpoints.save(checkpoint)
+    return checkpoint

@@ -46,6 +46,7 @@ class PubSubReader:
             raise TypeError("PubSubReader needs a settings-resolved PubSubSource")
         self.pipeline, self.source, self.checkpoints, self.landing = pipeline, source, checkpoints, landing
         self._make_client = client
+        self._landed: dict[int, list[tuple[str, int]]] = {}
 
     @cached_property
     def client(self) -> PubSubClient:
@@ -57,7 +58,7 @@ class PubSubReader:
         return self.client.has_messages(self.source.subscription)
 
     def landing_key(self, batch_id: int) -> str:
-        return f"{self.pipeline.source_id}/{batch_id:012d}.parquet"
+        return f"{self.checkpoints.source_id}/{batch_id:012d}.parquet"
 
     def next_plan(self, checkpoint: SourceCheckpoint, horizon_floor_ms: int | None) -> BatchPlan | None:
         source, batch_id = self.source, checkpoint.next_batch
@@ -92,14 +93,19 @@ class PubSubReader:
             raise ValueError(f"{self.pipeline.source_id} batch {plan.batch_id} has no landing file")
         return spark.read.parquet(self.landing.url(plan.landing_key))
 
+    def landed_count(self, plan: BatchPlan) -> int:
+        return len(self.landed_messages(plan))
+
     def landed_messages(self, plan: BatchPlan) -> list[tuple[str, int]]:
-        """(message id, publish time) of every message in a landed batch."""
-        data = self.landing.read(plan.landing_key or "")
-        if data is None:
-            raise FileNotFoundError(f"{self.pipeline.source_id} batch {plan.batch_id}: landing file is missing")
-        table = pq.read_table(io.BytesIO(data), columns=["source_position", "publish_time"])
-        times = table.column("publish_time").cast(pa.int64()).to_pylist()
-        return list(zip(table.column("source_position").to_pylist(), times, strict=True))
+        """(message id, publish time) of every message in a landed batch (read once: it never changes)."""
+        if plan.batch_id not in self._landed:
+            data = self.landing.read(plan.landing_key or "")
+            if data is None:
+                raise FileNotFoundError(f"{self.pipeline.source_id} batch {plan.batch_id}: landing file is missing")
+            table = pq.read_table(io.BytesIO(data), columns=["source_position", "publish_time"])
+            times = table.column("publish_time").cast(pa.int64()).to_pylist()
+            self._landed[plan.batch_id] = list(zip(table.column("source_position").to_pylist(), times, strict=True))
+        return self._landed[plan.batch_id]
 
     def watermark(self, state: dict) -> WatermarkEstimator:
         probe: BacklogProbe
@@ -113,10 +119,19 @@ class PubSubReader:
             idle_timeout_ms=parse_duration(self.pipeline.watermark_idle or "120s") * 1000,
         ).from_state(state)
 
-    def before_batch(self, watermark: WatermarkEstimator, now_ms: int) -> None:
-        assert isinstance(watermark, PubSubWatermark)
-        drained = TrackingDrainer.for_source(self.client, self.source).drain(now_ms)
-        watermark.observe(drained.samples, drained.tracked_through_ms)
+    def before_batch(self, now_ms: int) -> None:
+        drainer = TrackingDrainer.for_source(self.client, self.source)
+        drained = drainer.drain(now_ms)
+
+        def observe(checkpoint: SourceCheckpoint) -> SourceCheckpoint:
+            watermark = self.watermark(checkpoint.watermark)
+            assert isinstance(watermark, PubSubWatermark)
+            watermark.observe(drained.samples, drained.tracked_through_ms)
+            checkpoint.watermark = watermark.to_state()
+            return checkpoint
+
+        self.checkpoints.update(observe)  # persisted first: only then may the tracking subscription forget them
+        drainer.ack(drained)
 
     def after_commit(
         self, watermark: WatermarkEstimator, plan: BatchPlan, outcome: BatchOutcome, now_ms: int

@@ -89,7 +89,12 @@ def _window_key(output: WindowedOutput) -> F.Column:
 
 
 def reconcile(
-    spark: SparkSession, source: SourceRuntime, output: WindowedOutput, commits: CommitStore, windows_path: str
+    spark: SparkSession,
+    source: SourceRuntime,
+    output: WindowedOutput,
+    closes: CloseStore,
+    commits: CommitStore,
+    windows_path: str,
 ) -> list[WindowReconciliation]:
     """The reconciliation of every window of `output` that received records, in window order (`unassigned` last)."""
     landed = landed_records(spark, source)
@@ -108,7 +113,6 @@ def reconcile(
             F.sum(F.when(F.col("n") > 1, 1).otherwise(0)).alias("dups"),
         ).collect()
     }
-    closes = CloseStore(source.checkpoints.store, output.asset)
     windows = {k: Window.from_partition_key(k, output.window_s) for k in received if k != UNASSIGNED}
     closes_by_key = {k: closes.latest(w) for k, w in windows.items()}
     bounds = ", ".join(

@@ -20,7 +20,7 @@ from jobs.file_reader import FileReader
 from jobs.landing import BatchOutcome
 from jobs.pubsub_reader import PubSubReader
 from jobs.watermark import WatermarkEstimator
-from resources.checkpoint import BatchPlan, CheckpointStore, SourceCheckpoint
+from resources.checkpoint import BatchPlan, CheckpointStore, EpochStore, SourceCheckpoint
 from resources.lake import LakeResource
 from resources.pubsub import PubSubClient
 
@@ -41,18 +41,24 @@ class SourceReader(Protocol):
         """The batch's records in `LANDING_SCHEMA`: the same bytes on every replay."""
         ...
 
+    def landed_count(self, plan: BatchPlan) -> int:
+        """How many records the batch holds, counted from the landing itself (not from Spark's reading of it)."""
+        ...
+
     def watermark(self, state: dict) -> WatermarkEstimator:
         """The source's watermark estimator, restored from its persisted state."""
         ...
 
-    def before_batch(self, watermark: WatermarkEstimator, now_ms: int) -> None:
-        """Feed the estimator what it must see before a batch is taken (Pub/Sub: the tracking subscription)."""
+    def before_batch(self, now_ms: int) -> None:
+        """Persist in the checkpoint's watermark state what the estimator must learn before a batch is taken
+        (Pub/Sub: what the tracking subscription shows, persisted before it is acknowledged)."""
         ...
 
     def after_commit(
         self, watermark: WatermarkEstimator, plan: BatchPlan, outcome: BatchOutcome, now_ms: int
     ) -> None:
-        """Feed the estimator a committed batch."""
+        """Feed the estimator a committed batch. May run more than once per batch (a lost checkpoint race):
+        it changes nothing but the estimator."""
         ...
 
     def backlog(self, checkpoint: SourceCheckpoint) -> str:
@@ -66,13 +72,22 @@ class SourceReader(Protocol):
 
 @dataclass(frozen=True)
 class SourceRuntime:
-    """A pipeline's source with everything a micro-batch touches: reader, checkpoints, tables."""
+    """A pipeline's source with everything a micro-batch touches: reader, checkpoints, tables.
+
+    `app_id` names the source in its current epoch: the Delta `txnAppId` of its commits and the key of its
+    checkpoints and landing files (`<pipeline>/<kind>`, then `<pipeline>/<kind>@<epoch>` after a reset).
+    """
 
     pipeline: Pipeline
+    app_id: str
     reader: SourceReader
     checkpoints: CheckpointStore
     raw_path: str
     dead_letter_path: str
+
+
+def app_id(pipeline: Pipeline, epoch: int) -> str:
+    return pipeline.source_id if epoch == 0 else f"{pipeline.source_id}@{epoch}"
 
 
 def open_source(
@@ -83,15 +98,15 @@ def open_source(
     `pubsub` makes a Pub/Sub client when a Pub/Sub source first needs one; None for work that only reads what
     was landed (reconciliation).
     """
-    checkpoints = CheckpointStore(lake.checkpoints(), pipeline.source_id)
+    source_app = app_id(pipeline, EpochStore(lake.epochs()).current(pipeline.name))
+    checkpoints = CheckpointStore(lake.checkpoints(), source_app)
     reader: SourceReader
     if isinstance(pipeline.source, FileSource):
         reader = FileReader(pipeline, checkpoints)
     else:
         reader = PubSubReader(pipeline, pubsub, checkpoints, lake.landing())
-    return SourceRuntime(
-        pipeline, reader, checkpoints, lake.table_path(pipeline.raw_table), lake.table_path(pipeline.dead_letter_table)
-    )
+    raw, dead = lake.table_path(pipeline.raw_table), lake.table_path(pipeline.dead_letter_table)
+    return SourceRuntime(pipeline, source_app, reader, checkpoints, raw, dead)
 
 
 def source_watermark_ms(checkpoint: SourceCheckpoint) -> int | None:

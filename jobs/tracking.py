@@ -70,20 +70,23 @@ class TrackingDrain:
 
     `caught_up` is true when the drain ended on an empty pull; `tracked_through_ms` is then the drain's start
     time (everything published before it has been seen) and None otherwise, as `PubSubWatermark.observe` expects.
+    `ack_ids` acknowledge the drained messages, once their samples are persisted.
     """
 
     samples: list[TrackingSample]
     caught_up: bool
     tracked_through_ms: int | None
+    ack_ids: list[str]
 
 
 class TrackingDrainer:
-    """Drains a tracking subscription with short synchronous pulls and acks every message at once.
+    """Drains a tracking subscription with short synchronous pulls; `ack` acknowledges a drain's messages.
 
     A drain pulls until a pull comes back empty (caught up) or `max_messages` were taken (not caught up: the
-    rest waits for the next drain). Acking before the samples are persisted is deliberate: a lost sample only
-    makes the watermark heuristic less informed for a moment, while holding messages unacked would make the
-    tracking subscription's own backlog grow.
+    rest waits for the next drain). The caller persists the samples, then acks: a sample acked but never saved
+    (a run killed in between) would leave the emulator's backlog estimate without a message still waiting in the
+    base subscription, and the watermark could pass it. A drain redelivered after a crash is observed again,
+    which only holds the watermark back.
 
     On the emulator an empty pull means the subscription is empty. Google Cloud Pub/Sub may answer a pull with no
     messages while some are waiting, so there `tracked_through_ms` is itself an estimate.
@@ -112,13 +115,17 @@ class TrackingDrainer:
         return cls(client, spec.tracking, spec.timestamp_attribute)
 
     def drain(self, now_ms: int) -> TrackingDrain:
-        """Drain the subscription; `now_ms` is the time the drain starts."""
+        """Drain the subscription (nothing is acknowledged yet); `now_ms` is the time the drain starts."""
         samples: list[TrackingSample] = []
+        ack_ids: list[str] = []
         while len(samples) < self.max_messages:
             wanted = min(self.max_per_pull, self.max_messages - len(samples))
             pulled = self.client.pull(self.subscription, wanted, self.pull_timeout_s)
             if not pulled:
-                return TrackingDrain(samples, caught_up=True, tracked_through_ms=now_ms)
-            self.client.ack(self.subscription, [m.ack_id for m in pulled])
+                return TrackingDrain(samples, caught_up=True, tracked_through_ms=now_ms, ack_ids=ack_ids)
+            ack_ids.extend(m.ack_id for m in pulled)
             samples.extend(sample_of(m, self.timestamp_attribute) for m in pulled)
-        return TrackingDrain(samples, caught_up=False, tracked_through_ms=None)
+        return TrackingDrain(samples, caught_up=False, tracked_through_ms=None, ack_ids=ack_ids)
+
+    def ack(self, drain: TrackingDrain) -> None:
+        self.client.ack(self.subscription, drain.ack_ids)

@@ -22,8 +22,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from jobs.declaration import Pipeline, WindowedOutput
-from jobs.delta_txn import latest_version
-from jobs.ingest import BUCKET_FORMAT, ensure_raw_table
+from jobs.delta_txn import latest_version, retention_properties
+from jobs.ingest import BUCKET_MS, ensure_raw_table
+from jobs.maintenance import check_pinned_input
 from jobs.panes import EARLY, LATE, ON_TIME, CloseStore, PaneClose, Window
 from jobs.schema import field_ddl
 from resources.faults import crash_point
@@ -77,8 +78,7 @@ def _range_filter(windows: list[Window]) -> str:
     lo, hi = min(w.start_ms for w in windows), max(w.end_ms for w in windows)
     return (
         f"event_time >= timestamp_millis({lo}) AND event_time < timestamp_millis({hi}) "
-        f"AND time_bucket BETWEEN date_format(timestamp_millis({lo}), '{BUCKET_FORMAT}') "
-        f"AND date_format(timestamp_millis({hi - 1}), '{BUCKET_FORMAT}')"
+        f"AND time_bucket BETWEEN {lo // BUCKET_MS} AND {(hi - 1) // BUCKET_MS}"
     )
 
 
@@ -116,7 +116,7 @@ def materialize_windows(
     """Compute each window's current pane and MERGE them into the window table (see the module docstring)."""
     if not windows:
         return []
-    ensure_raw_table(spark, raw_path, pipeline.record_schema)  # a window materialized before any data is empty
+    ensure_raw_table(spark, raw_path, pipeline)  # a window materialized before any data is empty
     latest = latest_version(spark, raw_path)
     lateness_ms = output.allowed_lateness_s * 1000
     existing = {w: closes.latest(w) for w in windows}
@@ -134,6 +134,10 @@ def materialize_windows(
             crash_point("window.after_close")
         panes[window] = close
 
+    now_ms = int(time.time() * 1000)
+    for window, close in panes.items():
+        if close is not None:
+            check_pinned_input(output.asset, window, close, pipeline.retention_s, now_ms)
     counts: dict[Window, tuple[int, int]] = {}
     items = list(panes.items())
     for start in range(0, len(items), WINDOWS_PER_PLAN):
@@ -221,7 +225,7 @@ def _merge_panes(
         result = result.unionByName(more_rows)
     result = result.cache()
     try:
-        _check_output(spark, output, windows_path, result)
+        _check_output(spark, output, windows_path, result, retention_properties(pipeline.retention_s))
         rows = {
             int(r["s"]): int(r["n"])
             for r in result.groupBy("window_start").agg(F.expr("unix_millis(window_start) AS s"), F.count("*").alias("n")).collect()
@@ -250,7 +254,9 @@ def _merge_panes(
     return {w: (inputs.get(w.start_ms, 0), rows.get(w.start_ms, 0)) for w in panes}
 
 
-def _check_output(spark: SparkSession, output: WindowedOutput, windows_path: str, result: DataFrame) -> None:
+def _check_output(
+    spark: SparkSession, output: WindowedOutput, windows_path: str, result: DataFrame, retention: str
+) -> None:
     """One row per `(window, *keys)`, then the columns the window table has (created from the first result)."""
     keys = ["window_start", *output.keys]
     doubled = result.groupBy(*keys).count().filter("count > 1").limit(3).collect()
@@ -262,7 +268,7 @@ def _check_output(spark: SparkSession, output: WindowedOutput, windows_path: str
             f"and key {named}; it must return one row per value of keys {list(output.keys)}"
         )
     columns = ", ".join(field_ddl(f) for f in result.schema)
-    spark.sql(f"CREATE TABLE IF NOT EXISTS delta.`{windows_path}` ({columns}) USING delta")
+    spark.sql(f"CREATE TABLE IF NOT EXISTS delta.`{windows_path}` ({columns}) USING delta {retention}")
     table = spark.read.format("delta").load(windows_path).schema
     found = [(f.name, f.dataType.simpleString()) for f in result.schema]
     wanted = [(f.name, f.dataType.simpleString()) for f in table]

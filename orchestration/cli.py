@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from orchestration.commits_cli import add_commands as add_commit_commands
+from orchestration.reset_cli import add_commands as add_reset_commands
 from orchestration.status import add_commands as add_status_commands
 from resources.delta_jars import ensure_delta_jars
 from resources.processes import stop_process_group
@@ -94,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     dev.add_argument("--no-emulator", action="store_true", help="do not start a Pub/Sub emulator")
     dev.set_defaults(func=cmd_dev)
     add_commit_commands(sub)
+    add_reset_commands(sub)
     add_status_commands(sub)
     args = parser.parse_args(argv)
     return args.func(args)

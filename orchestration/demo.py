@@ -126,7 +126,7 @@ def run_streaming(
         source = open_source(pipeline, lake, lambda: client)
         source.reader.ensure()
         spec = pipeline.source
-        closes = CloseStore(lake.checkpoints(), output.asset)
+        closes = CloseStore(lake.panes(), output.asset)
         commits = CommitStore(lake.commits())
         checkpoints = source.checkpoints
 
@@ -178,7 +178,7 @@ def run_streaming(
 
         say("every window is closed and published; reconciling")
         spark = build_spark_session(remote=spark_remote)
-        rows = reconcile(spark, source, output, commits, lake.table_path(output.table))
+        rows = reconcile(spark, source, output, closes, commits, lake.table_path(output.table))
         print(render(rows), flush=True)
         expected = publisher.expected
         outputs = _window_outputs(spark, lake.table_path(output.table))

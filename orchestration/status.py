@@ -15,12 +15,14 @@ from typing import TYPE_CHECKING
 
 from jobs.commit_steps import sequence_id
 from jobs.declaration import Pipeline, WindowedOutput
-from jobs.panes import CloseStore
+from jobs.panes import CloseStore, Window
 from jobs.reconcile import reconcile, render
 from jobs.source_reader import SourceRuntime, open_source, source_watermark_ms
 from orchestration.commits_cli import describe
 from orchestration.pipelines import load_pipelines
 from orchestration.resources import resources_for
+from orchestration.window_sensor import final_pane_committed
+from resources.checkpoint import SourceCheckpoint
 from resources.commit_store import CommitStore
 from resources.lake import LakeResource
 from resources.settings import load_settings
@@ -53,11 +55,36 @@ def source_lines(source: SourceRuntime) -> list[str]:
     ]
 
 
-def window_lines(output: WindowedOutput, lake: LakeResource, commits: CommitStore, limit: int = 20) -> list[str]:
-    closes = CloseStore(lake.checkpoints(), output.asset)
+def waiting_windows(
+    output: WindowedOutput, checkpoint: SourceCheckpoint, closes: CloseStore, commits: CommitStore, scan: int = 200
+) -> list[str]:
+    """Keys of the newest `scan` windows the watermark has passed (with data up to them) whose final pane is not
+    committed: what the window sensor keeps asking for, or has given up on."""
+    watermark = source_watermark_ms(checkpoint)
+    if watermark is None or checkpoint.min_event_time_ms is None or checkpoint.max_event_time_ms is None:
+        return []
+    size = output.window_s * 1000
+    due_until = Window.at(watermark - output.allowed_lateness_s * 1000, output.window_s).start_ms
+    last = min(due_until - size, Window.at(checkpoint.max_event_time_ms, output.window_s).start_ms)
+    first = max(Window.at(checkpoint.min_event_time_ms, output.window_s).start_ms, last - (scan - 1) * size)
+    waiting = []
+    for start in range(first, last + 1, size):
+        window = Window(start, start + size)
+        if not final_pane_committed(closes, commits, output.asset, window):
+            waiting.append(window.key)
+    return waiting
+
+
+def window_lines(
+    output: WindowedOutput, checkpoint: SourceCheckpoint, lake: LakeResource, commits: CommitStore, limit: int = 20
+) -> list[str]:
+    closes = CloseStore(lake.panes(), output.asset)
     windows = closes.windows(output.window_s)
     newest = f" (newest {limit})" if len(windows) > limit else ""
     lines = [f"asset {output.asset}: {len(windows)} closed windows{newest}"]
+    waiting = waiting_windows(output, checkpoint, closes, commits)
+    if waiting:
+        lines.append(f"  waiting for a committed final pane: {len(waiting)} windows: {', '.join(waiting[:10])}")
     for window in windows[-limit:]:
         close = closes.latest(window)
         if close is None:
@@ -76,9 +103,10 @@ def cmd_status(_: argparse.Namespace) -> int:
     commits = CommitStore(lake.commits())
     lines = [f"onceflow home {lake.home}"]
     for pipeline in load_pipelines(settings):
-        lines += source_lines(open_source(pipeline, lake, resources["pubsub"].client))
+        source = open_source(pipeline, lake, resources["pubsub"].client)
+        lines += source_lines(source)
         for output in pipeline.outputs:
-            lines += window_lines(output, lake, commits)
+            lines += window_lines(output, source.checkpoints.load(), lake, commits)
     pending, quarantined = commits.unfinished(), commits.quarantined()
     lines.append(f"commit sequences: {len(pending)} pending, {len(quarantined)} quarantined")
     lines += ["  " + describe(commits.state(s)).replace("\n", "\n  ") for s in quarantined + pending]
@@ -93,7 +121,8 @@ def verify(spark: SparkSession, pipelines: list[Pipeline], lake: LakeResource) -
     for pipeline in pipelines:
         source = open_source(pipeline, lake)  # landed batches only: the source itself is not read
         for output in pipeline.outputs:
-            rows = reconcile(spark, source, output, commits, lake.table_path(output.table))
+            closes = CloseStore(lake.panes(), output.asset)
+            rows = reconcile(spark, source, output, closes, commits, lake.table_path(output.table))
             print(f"{pipeline.name} {output.asset}: received = inserted + duplicates + late + dead-lettered, per window")
             print(render(rows))
             bad = [r.window for r in rows if not r.ok]

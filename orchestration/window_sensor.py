@@ -6,20 +6,66 @@ newest one with data (empty windows in between are materialized as empty panes).
 a batch whose oldest event falls into an already closed window requests that window's next pane
 (`<asset>:<window>:pane-<p>`); the materialization closes it only if late records are really there.
 
-The cursor holds the next window to close and the newest batch looked at for late data; both only grow.
+A requested window stays on the cursor's `pending` list until its final pane is committed (closed, merged, and
+its commit sequence written). A window whose run failed or died without that is requested again, with a new run
+key per attempt (`<asset>:<window>:final:<k>`), up to `MAX_ATTEMPTS`; after that it stays pending, is named in
+every tick's log and in `onceflow status`, and waits for an operator (a backfill of that partition).
+
+The cursor holds the next window to close, the newest batch looked at for late data (both only grow) and the
+pending windows with their attempts.
 """
 
 import json
 
 import dagster as dg
 
+from jobs.commit_steps import sequence_id
 from jobs.declaration import Pipeline, WindowedOutput
 from jobs.panes import CloseStore, Window
-from jobs.source_reader import source_watermark_ms
-from resources.checkpoint import CheckpointStore
+from jobs.source_reader import open_source, source_watermark_ms
+from orchestration.runs import in_flight, runs_tagged
+from resources.commit_store import CommitStore
 from resources.lake import LakeResource
 
 MAX_REQUESTS = 50
+MAX_ATTEMPTS = 5
+
+
+def final_pane_committed(closes: CloseStore, commits: CommitStore, asset: str, window: Window) -> bool:
+    """The window is closed, its pane merged and its publication written ahead (the last step of the run)."""
+    close = closes.latest(window)
+    return close is not None and commits.get(sequence_id(asset, window.key, close.pane)) is not None
+
+
+def retry_requests(
+    context: dg.SensorEvaluationContext, output: WindowedOutput, closes: CloseStore, commits: CommitStore,
+    pending: dict[str, int],
+) -> tuple[list[dg.RunRequest], dict[str, int], list[str]]:
+    """New requests for pending windows whose runs ended without committing the final pane; the pending windows
+    left; and what to tell the operator."""
+    requests, left, notes = [], {}, []
+    for key, attempts in pending.items():
+        window = Window.from_partition_key(key, output.window_s)
+        if final_pane_committed(closes, commits, output.asset, window):
+            continue
+        runs = runs_tagged(context.instance, {"dagster/partition": key, "onceflow/window_asset": output.asset})
+        if in_flight(context.instance, runs):
+            left[key] = attempts
+        elif attempts >= MAX_ATTEMPTS:
+            left[key] = attempts
+            notes.append(f"{key}: final pane not committed after {attempts} runs; backfill the partition to retry")
+        else:
+            left[key] = attempts + 1
+            notes.append(f"{key}: its run ended without committing the final pane; attempt {attempts + 1}")
+            requests.append(_request(output, window, f"final:{attempts + 1}"))
+    return requests, left, notes
+
+
+def _request(output: WindowedOutput, window: Window, what: str) -> dg.RunRequest:
+    return dg.RunRequest(
+        run_key=f"{output.asset}:{window.key}:{what}", partition_key=window.key,
+        tags={"onceflow/window_asset": output.asset},
+    )
 
 
 def build_window_sensor(pipeline: Pipeline, output: WindowedOutput) -> dg.SensorDefinition:
@@ -35,13 +81,14 @@ def build_window_sensor(pipeline: Pipeline, output: WindowedOutput) -> dg.Sensor
         "plus the allowed lateness.",
     )
     def window_sensor(context: dg.SensorEvaluationContext, lake: LakeResource) -> dg.SensorResult | dg.SkipReason:
-        checkpoint = CheckpointStore(lake.checkpoints(), pipeline.source_id).load()
+        checkpoint = open_source(pipeline, lake).checkpoints.load()
         watermark = source_watermark_ms(checkpoint)
         if watermark is None or checkpoint.min_event_time_ms is None or checkpoint.max_event_time_ms is None:
             return dg.SkipReason("no data and no watermark yet")
         cursor = json.loads(context.cursor) if context.cursor else {}
         next_start = cursor.get("next_window_ms", Window.at(checkpoint.min_event_time_ms, size).start_ms)
-        requests = []
+        closes, commits = CloseStore(lake.panes(), output.asset), CommitStore(lake.commits())
+        requests, pending, notes = retry_requests(context, output, closes, commits, cursor.get("pending", {}))
         window = Window.at(next_start, size)
         lateness_ms = output.allowed_lateness_s * 1000
         while (
@@ -49,21 +96,25 @@ def build_window_sensor(pipeline: Pipeline, output: WindowedOutput) -> dg.Sensor
             and window.start_ms <= checkpoint.max_event_time_ms
             and window.end_ms + lateness_ms <= watermark
         ):
-            requests.append(dg.RunRequest(run_key=f"{output.asset}:{window.key}:final", partition_key=window.key))
+            requests.append(_request(output, window, "final"))
+            pending[window.key] = 1
             window = window.next()
         seen_batch = cursor.get("seen_batch", 0)
         if output.late_policy == "refire":
-            closes = CloseStore(lake.checkpoints(), output.asset)
             late_from = min((t for b, t in checkpoint.recent_batches if b > seen_batch), default=None)
             late = Window.at(late_from, size) if late_from is not None else None
             while late is not None and late.start_ms < next_start and len(requests) < MAX_REQUESTS:
                 close = closes.latest(late)
                 if close is not None:
-                    requests.append(
-                        dg.RunRequest(run_key=f"{output.asset}:{late.key}:pane-{close.pane + 1}", partition_key=late.key)
-                    )
+                    requests.append(_request(output, late, f"pane-{close.pane + 1}"))
                 late = late.next()
-        cursor = {"next_window_ms": window.start_ms, "seen_batch": max(seen_batch, checkpoint.committed_batch)}
+        if notes:
+            context.log.warning("; ".join(notes))
+        cursor = {
+            "next_window_ms": window.start_ms,
+            "seen_batch": max(seen_batch, checkpoint.committed_batch),
+            "pending": pending,
+        }
         return dg.SensorResult(run_requests=requests, cursor=json.dumps(cursor))
 
     return window_sensor

@@ -1,13 +1,19 @@
 """Per-source checkpoints: which batch comes next, what each batch is, how far the source has been committed.
 
 A batch's plan is written once, before the batch is read (`plan`), and never changes: a replay of batch `n`
-reads exactly what the first attempt read. The checkpoint proper (`SourceCheckpoint`) is replaced atomically
-after a batch commits. Both live in an `ObjectStore`, so they are durable on local disk and on object storage.
+reads exactly what the first attempt read. The checkpoint proper (`SourceCheckpoint`) changes only by
+compare-and-swap (`update`): a writer that lost a race recomputes its change on the winner's checkpoint, so two
+overlapping runs never move the committed batch, the watermark or the totals backwards. Both live in an
+`ObjectStore`, so they are durable on local disk and on object storage.
 """
 
 from __future__ import annotations
 
+import copy
 import json
+import random
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -80,6 +86,9 @@ class SourceCheckpoint:
         return cls(**raw)
 
 
+CAS_TRIES = 200
+
+
 class CheckpointStore:
     """The checkpoint and batch plans of one source, under `<source_id>/` in an object store."""
 
@@ -94,8 +103,24 @@ class CheckpointStore:
         data = self.store.read(self._key("checkpoint.json"))
         return SourceCheckpoint.from_json(data) if data else SourceCheckpoint()
 
-    def save(self, checkpoint: SourceCheckpoint) -> None:
-        self.store.write(self._key("checkpoint.json"), checkpoint.to_json())
+    def update(self, change: Callable[[SourceCheckpoint], SourceCheckpoint | None]) -> SourceCheckpoint:
+        """Apply `change` to the newest checkpoint by compare-and-swap and return the checkpoint that stands.
+
+        `change` gets a copy it may modify and return (None: leave the checkpoint as it is). It runs again on the
+        newer checkpoint whenever another writer got there first, so it must not have other side effects.
+        """
+        key = self._key("checkpoint.json")
+        for _ in range(CAS_TRIES):
+            data, token = self.store.read_versioned(key)
+            current = SourceCheckpoint.from_json(data) if data else SourceCheckpoint()
+            changed = change(copy.deepcopy(current))
+            if changed is None or changed == current:
+                return current
+            changed.updated_at_ms = int(time.time() * 1000)
+            if self.store.swap(key, changed.to_json(), token):
+                return changed
+            time.sleep(random.uniform(0, 0.01))  # lost a race: back off a little, then recompute on the winner's
+        raise RuntimeError(f"{self.source_id}: gave up updating the checkpoint after {CAS_TRIES} lost races")
 
     def plan(self, plan: BatchPlan) -> BatchPlan:
         """Record a batch plan once; if one exists already (another attempt won), return that one instead."""
@@ -108,3 +133,25 @@ class CheckpointStore:
     def get_plan(self, batch_id: int) -> BatchPlan | None:
         data = self.store.read(self._key(f"batches/{batch_id:012d}.json"))
         return BatchPlan.from_json(data) if data else None
+
+
+class EpochStore:
+    """Each pipeline's epoch: 0 until a deliberate reset, then 1, 2, ... Kept apart from the checkpoints (an old
+    copy of those restored over them must not roll the epoch back), and only ever increased by compare-and-swap."""
+
+    def __init__(self, store: ObjectStore) -> None:
+        self.store = store
+
+    def current(self, pipeline: str) -> int:
+        data = self.store.read(f"{pipeline}.json")
+        return int(json.loads(data)["epoch"]) if data else 0
+
+    def advance(self, pipeline: str) -> int:
+        """Start the next epoch of `pipeline` and return its number."""
+        key = f"{pipeline}.json"
+        for _ in range(CAS_TRIES):
+            data, token = self.store.read_versioned(key)
+            epoch = (int(json.loads(data)["epoch"]) if data else 0) + 1
+            if self.store.swap(key, json.dumps({"epoch": epoch, "at_ms": int(time.time() * 1000)}).encode(), token):
+                return epoch
+        raise RuntimeError(f"{pipeline}: gave up starting a new epoch after {CAS_TRIES} lost races")

@@ -40,6 +40,15 @@ class LakeResource(dg.ConfigurableResource):
     def commits(self) -> ObjectStore:
         return open_store(f"{self.home}/commits")
 
+    def epochs(self) -> ObjectStore:
+        """Pipelines' epochs (`onceflow reset`), apart from the checkpoints: `<home>/epochs`."""
+        return open_store(f"{self.home}/epochs")
+
+    def panes(self) -> ObjectStore:
+        """Window pane closes, apart from the checkpoints (restoring an old checkpoint must not reopen a closed
+        window): `<home>/panes`."""
+        return open_store(f"{self.home}/panes")
+
     def sink_root(self) -> str:
         """Where the file sink publishes: `<home>/published`."""
         return f"{self.home}/published"

@@ -1,13 +1,17 @@
 """Small durable key-value files on local disk or object storage, with the two writes exactly-once needs.
 
 `write` replaces a key atomically (a reader sees the old or the new bytes, never a mix); `create` writes a key
-only if it does not exist yet, so two writers racing for the same key cannot both win. Local disk does this with
-a temp file plus `os.replace` / `os.link`; Google Cloud Storage with generation preconditions.
+only if it does not exist yet, so two writers racing for the same key cannot both win; `swap` replaces a key only
+if it still holds what the writer read (`read_versioned`), a compare-and-swap. Local disk does this with a temp
+file plus `os.replace` / `os.link` (and a lock file for `swap`); Google Cloud Storage with generation
+preconditions.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import os
 import tempfile
 from pathlib import Path
@@ -26,6 +30,14 @@ class ObjectStore(Protocol):
     def write(self, key: str, data: bytes) -> None: ...
 
     def create(self, key: str, data: bytes) -> bool: ...
+
+    def read_versioned(self, key: str) -> tuple[bytes | None, str]:
+        """The key's bytes (None if absent) and a token naming exactly that version, for `swap`."""
+        ...
+
+    def swap(self, key: str, data: bytes, token: str) -> bool:
+        """Replace the key with `data` if it is still the version `token` names; False if it changed since."""
+        ...
 
     def list(self, prefix: str) -> list[str]: ...
 
@@ -89,6 +101,22 @@ class LocalStore:
         fsync_dir(path.parent)
         return True
 
+    def read_versioned(self, key: str) -> tuple[bytes | None, str]:
+        data = self.read(key)
+        return data, _digest(data)
+
+    def swap(self, key: str, data: bytes, token: str) -> bool:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Every swapper of a key holds its lock file while it compares and replaces; readers need no lock, since
+        # the replace itself is atomic.
+        with open(path.parent / f".{path.name}.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if _digest(self.read(key)) != token:
+                return False
+            self.write(key, data)
+            return True
+
     def list(self, prefix: str) -> list[str]:
         base = self._path(prefix) if prefix else self.root
         if not base.exists():
@@ -104,6 +132,10 @@ class LocalStore:
 
     def url(self, key: str) -> str:
         return str(self._path(key))
+
+
+def _digest(data: bytes | None) -> str:
+    return "absent" if data is None else hashlib.sha256(data).hexdigest()
 
 
 def fsync_dir(path: Path) -> None:
@@ -149,7 +181,28 @@ class GcsStore:
         try:
             self.bucket.blob(self._name(key)).upload_from_string(data, if_generation_match=0)
         except PreconditionFailed:
-            return False
+            # The client retries uploads: a first attempt that succeeded but whose answer was lost makes the
+            # retry fail its precondition. The object holding exactly our bytes means that attempt was ours.
+            return self.read(key) == data
+        return True
+
+    def read_versioned(self, key: str) -> tuple[bytes | None, str]:
+        from google.api_core.exceptions import NotFound
+
+        blob = self.bucket.blob(self._name(key))
+        try:
+            data = blob.download_as_bytes()
+        except NotFound:
+            return None, "0"
+        return data, str(blob.generation)
+
+    def swap(self, key: str, data: bytes, token: str) -> bool:
+        from google.api_core.exceptions import PreconditionFailed
+
+        try:
+            self.bucket.blob(self._name(key)).upload_from_string(data, if_generation_match=int(token))
+        except PreconditionFailed:
+            return self.read(key) == data  # as in `create`: a retried upload of ours that had succeeded
         return True
 
     def list(self, prefix: str) -> list[str]:

@@ -41,7 +41,10 @@ def build_spark_session(
     Delta jars.
     """
     if remote:
-        return SparkSession.builder.remote(remote).getOrCreate()
+        session = SparkSession.builder.remote(remote).getOrCreate()
+        # A server's default zone is its own; windows and buckets are UTC whatever server this is.
+        session.conf.set("spark.sql.session.timeZone", "UTC")
+        return session
     builder = SparkSession.builder.master(master).appName(app_name)
     settings = {
         **SMALL_MACHINE_CONF,

@@ -33,7 +33,7 @@ def replay_batch(spark: SparkSession, source: SourceRuntime, batch_id: int) -> I
     plan = source.checkpoints.get_plan(batch_id)
     assert plan is not None
     landed = source.reader.landed(spark, plan)
-    return ingest_batch(spark, source.pipeline, plan, landed, source.raw_path, source.dead_letter_path)
+    return ingest_batch(spark, source, plan, landed)
 
 
 def test_publisher_retries_land_exactly_once(spark: SparkSession, pubsub_emulator: PubSubEmulator, home: Path) -> None:

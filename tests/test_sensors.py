@@ -15,9 +15,12 @@ from dagster._core.test_utils import create_run_for_test
 
 from jobs.declaration import Pipeline
 from jobs.panes import CloseStore, PaneClose, Window
+from jobs.publish import publish_pane
+from jobs.source_reader import open_source
 from orchestration.micro_batch_sensor import BATCH_TAG, build_micro_batch_sensor
 from orchestration.window_sensor import build_window_sensor
-from resources.checkpoint import CheckpointStore, SourceCheckpoint
+from resources.checkpoint import SourceCheckpoint
+from resources.commit_store import CommitStore
 from resources.lake import LakeResource
 from resources.pubsub import PubSubResource
 from tests.pipelines import builtin
@@ -70,8 +73,8 @@ def test_micro_batch_sensor_requests_the_next_batch_one_at_a_time(
     assert [r.run_key for r in again.run_requests] == ["events:batch:1:2"]
 
     # Once batch 1 is committed the sensor moves on to batch 2; the cursor never goes back.
-    checkpoints = CheckpointStore(lake.checkpoints(), pipeline.source_id)
-    checkpoints.save(SourceCheckpoint(committed_batch=1, taken_files={}))
+    checkpoints = open_source(pipeline, lake).checkpoints
+    checkpoints.update(lambda _: SourceCheckpoint(committed_batch=1, taken_files={}))
     (tmp_path / "in" / "b.jsonl").write_text('{"event_id": "2", "event_time": 1, "key": "k", "value": 1}\n')
     later = evaluate(sensor, instance, lake, again.cursor)
     assert [r.run_key for r in later.run_requests] == ["events:batch:2"]
@@ -85,27 +88,73 @@ def test_window_sensor_requests_closed_windows_in_order_then_refires_late_ones(
     sensor = build_window_sensor(pipeline, pipeline.outputs[0])
     assert isinstance(evaluate(sensor, instance, lake, None), dg.SkipReason)  # no watermark yet
 
-    checkpoints = CheckpointStore(lake.checkpoints(), pipeline.source_id)
+    checkpoints = open_source(pipeline, lake).checkpoints
     windows = [Window(BASE + i * 60_000, BASE + (i + 1) * 60_000) for i in range(4)]
     checkpoint = SourceCheckpoint(
         committed_batch=3, min_event_time_ms=BASE + 5_000, max_event_time_ms=BASE + 190_000,
         watermark={"watermark_ms": BASE + 151_000}, recent_batches=[(3, BASE + 5_000)],
     )
-    checkpoints.save(checkpoint)
+    checkpoints.update(lambda _: checkpoint)
     # Windows 0 and 1 ended 30 s (the allowed lateness) or more before the watermark; window 2 has not.
     result = evaluate(sensor, instance, lake, None)
     assert [(r.run_key, r.partition_key) for r in result.run_requests] == [
         (f"event_counts:{w.key}:final", w.key) for w in windows[:2]
     ]
-    assert evaluate(sensor, instance, lake, result.cursor).run_requests == []
+    launch(instance, result.run_requests)
+    assert evaluate(sensor, instance, lake, result.cursor).run_requests == []  # in flight: nothing new
 
     # Window 0 closed; a new batch holds an event of window 0: under `refire` its next pane is requested.
-    CloseStore(lake.checkpoints(), "event_counts").close(
+    CloseStore(lake.panes(), "event_counts").close(
         windows[0], PaneClose(windows[0].start_ms, 1, "on_time", 3, 3, BASE + 151_000, BASE + 151_000)
     )
     checkpoint.committed_batch = 4
     checkpoint.recent_batches.append((4, BASE + 30_000))
-    checkpoints.save(checkpoint)
+    checkpoints.update(lambda _: checkpoint)
     refired = evaluate(sensor, instance, lake, result.cursor)
     assert [r.run_key for r in refired.run_requests] == [f"event_counts:{windows[0].key}:pane-2"]
     assert evaluate(sensor, instance, lake, refired.cursor).run_requests == []
+
+
+def test_window_sensor_requests_a_final_pane_again_until_it_is_committed(
+    tmp_path: Path, instance: dg.DagsterInstance, pipeline: Pipeline
+) -> None:
+    lake = LakeResource(home=str(tmp_path / "home"))
+    sensor = build_window_sensor(pipeline, pipeline.outputs[0])
+    window = Window(BASE, BASE + 60_000)
+    open_source(pipeline, lake).checkpoints.update(lambda _: SourceCheckpoint(
+        committed_batch=1, min_event_time_ms=BASE + 5_000, max_event_time_ms=BASE + 50_000,
+        watermark={"watermark_ms": BASE + 100_000},
+    ))
+    first = evaluate(sensor, instance, lake, None)
+    assert [r.run_key for r in first.run_requests] == [f"event_counts:{window.key}:final"]
+
+    # Its run fails twice (it closed the window, then died before the final pane was committed): the cursor
+    # has moved past the window, and still the sensor asks again, under a new run key each time.
+    cursor = first.cursor
+    CloseStore(lake.panes(), "event_counts").close(window, PaneClose(BASE, 1, "on_time", 3, 1, BASE, BASE))
+    (run,) = launch(instance, first.run_requests)
+    instance.report_run_failed(run)
+    again = evaluate(sensor, instance, lake, cursor)
+    assert [r.run_key for r in again.run_requests] == [f"event_counts:{window.key}:final:2"]
+    (run,) = launch(instance, again.run_requests)
+    instance.report_run_failed(run)
+    third = evaluate(sensor, instance, lake, again.cursor)
+    assert [r.run_key for r in third.run_requests] == [f"event_counts:{window.key}:final:3"]
+
+    # Committed at last (the pane's publication written): nothing more is asked.
+    launch(instance, third.run_requests)
+    publish_pane(CommitStore(lake.commits()), asset="event_counts", window=window, pane=1, rows=[],
+                 schema=[("window_start", "TIMESTAMP"), ("pane", "INT64")], sink_root=None)
+    done = evaluate(sensor, instance, lake, third.cursor)
+    assert done.run_requests == [] and json.loads(done.cursor)["pending"] == {}
+
+
+def launch(instance: dg.DagsterInstance, requests: list[dg.RunRequest]) -> list[dg.DagsterRun]:
+    """Runs for `requests`, started as the daemon would start them (their tags include the partition)."""
+    return [
+        create_run_for_test(
+            instance, job_name="__ASSET_JOB", status=dg.DagsterRunStatus.STARTED,
+            tags={**r.tags, "dagster/partition": r.partition_key or "", "dagster/run_key": r.run_key or ""},
+        )
+        for r in requests
+    ]

@@ -59,7 +59,7 @@ def test_sample_falls_back_to_the_publish_time() -> None:
     assert sample_of(message({"event_time": "1000"}), None).event_time_ms == START_MS + 9
 
 
-def test_drain_samples_every_message_and_acks_it(pubsub_emulator: PubSubEmulator) -> None:
+def test_drain_samples_every_message_and_acks_only_when_told(pubsub_emulator: PubSubEmulator) -> None:
     client = make_client(ack_deadline_s=10)
     attributes = [
         {"event_id": "rfc", "event_time": "2025-11-21T10:13:20.123Z"},
@@ -82,9 +82,13 @@ def test_drain_samples_every_message_and_acks_it(pubsub_emulator: PubSubEmulator
     assert missing.event_time_ms == missing.publish_time_ms
     assert bad.event_time_ms == bad.publish_time_ms
     assert all(now_ms - 60_000 < s.publish_time_ms <= now_ms for s in drain.samples)
-    # Acked at once: past the ack deadline, anything pulled but not acked would be back by now.
+    # Not acked by the drain (its samples are not persisted yet): past the ack deadline they come back.
     time.sleep(11)
-    assert drainer.drain(now_ms + 1).samples == []
+    again = drainer.drain(now_ms + 1)
+    assert sorted(s.message_id for s in again.samples) == sorted(ids)
+    drainer.ack(again)
+    time.sleep(11)  # acked now: past the ack deadline, nothing is back
+    assert drainer.drain(now_ms + 2).samples == []
     # The base subscription sees the very same messages: same ids, same publish times.
     base = pull_all(client, SUBSCRIPTION)
     assert {(m.message_id, m.publish_time_ms) for m in base} == {
@@ -96,7 +100,7 @@ def test_drain_stops_at_its_budget_without_claiming_to_be_caught_up(pubsub_emula
     client = make_client()
     ids = client.publish(TOPIC, [(b"{}", {"event_time": str(START_MS + i)}) for i in range(250)])
     drainer = TrackingDrainer(client, TRACKING, "event_time", max_per_pull=100, max_messages=100)
-    drains = [drainer.drain(START_MS + k) for k in range(3)]
+    drains = [drainer.drain(START_MS + k) for k in range(3)]  # a drain's messages stay leased until acked
     assert [len(d.samples) for d in drains] == [100, 100, 50]
     assert [d.caught_up for d in drains] == [False, False, True]
     assert [d.tracked_through_ms for d in drains] == [None, None, START_MS + 2]

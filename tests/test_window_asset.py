@@ -134,7 +134,7 @@ def test_window_crash_then_rerun_gives_the_same_result(
 
     crashed = dagster_materialize(str(home), windows[0].key, crash_at, **settings)
     assert f"crash injected at {crash_at.split('#')[0]}" in crashed.stderr + crashed.stdout, crashed.stderr[-3000:]
-    closes = CloseStore(lake.checkpoints(), pipeline.outputs[0].asset)
+    closes = CloseStore(lake.panes(), pipeline.outputs[0].asset)
     first_close = closes.latest(windows[0])
     assert first_close is not None and first_close.pane == 1  # the close was recorded before the crash
 

@@ -87,7 +87,7 @@ def test_final_windows_count_on_time_events_and_late_ones_are_accounted(
     lake = LakeResource(home=str(home))
     output = pipeline.outputs[0]
     source = open_source(pipeline, lake)
-    closes = CloseStore(lake.checkpoints(), output.asset)
+    closes = CloseStore(lake.panes(), output.asset)
     windows = [Window(base + w * 60_000, base + (w + 1) * 60_000) for w in range(5)]
     windows_path = lake.table_path(output.table)
 
@@ -140,7 +140,7 @@ def test_a_stale_early_pane_never_overwrites_the_final_pane(spark: SparkSession,
     window = Window(base, base + 60_000)
     write_events(tmp_path / "in" / "1.jsonl", on_time)
     drain(lambda: spark, source)
-    closes = CloseStore(lake.checkpoints(), output.asset)
+    closes = CloseStore(lake.panes(), output.asset)
     materialize_windows(spark, pipeline, output, [window], window.end_ms + LATENESS_MS, closes, source.raw_path, windows_path)
     final = read_rows(windows_path, WINDOW_ROWS)
 
@@ -150,7 +150,7 @@ def test_a_stale_early_pane_never_overwrites_the_final_pane(spark: SparkSession,
 
     assert read_rows(windows_path, WINDOW_ROWS) == final
     assert {r[-2:] for r in final} == {(1, "on_time")}
-    assert json.loads((home / "checkpoints" / "event_counts" / "closes" / f"{base:015d}" / "pane-0001.json").read_text())[
+    assert json.loads((home / "panes" / "event_counts" / "closes" / f"{base:015d}" / "pane-0001.json").read_text())[
         "raw_version"
     ] >= 1
 
@@ -161,7 +161,7 @@ def test_a_window_materialized_before_any_data_is_empty(spark: SparkSession, tmp
     lake = LakeResource(home=str(home))
     base = minute_base()
     window = Window(base, base + 60_000)
-    closes = CloseStore(lake.checkpoints(), output.asset)
+    closes = CloseStore(lake.panes(), output.asset)
 
     (result,) = materialize_windows(
         spark, pipeline, output, [window], window.end_ms + LATENESS_MS, closes,
@@ -186,6 +186,6 @@ def test_a_transform_with_two_rows_for_one_key_is_an_error_naming_it(
 
     with pytest.raises(OutputError, match=r"event_counts: the transform returned \d+ rows for window .* and key "
                                           r"key='k[0-2]'; it must return one row per value of keys \['key'\]"):
-        materialize_windows(spark, pipeline, output, [window], None, CloseStore(lake.checkpoints(), output.asset),
+        materialize_windows(spark, pipeline, output, [window], None, CloseStore(lake.panes(), output.asset),
                             source.raw_path, lake.table_path(output.table))
     assert not Path(lake.table_path(output.table)).exists()  # nothing merged, no table made from a wrong result

@@ -1,0 +1,42 @@
+"""The Dagster job `maintain_tables` and its daily schedule: `jobs.maintenance.maintain` for every pipeline.
+
+It needs no pool of its own: compaction touches only raw buckets below the dedup horizon (which ingest no longer
+writes) and vacuum keeps every version within the retention, so it runs beside micro-batches and windows.
+"""
+
+import dagster as dg
+
+from jobs.declaration import Pipeline
+from jobs.maintenance import maintain
+from jobs.micro_batch import horizon_floor_ms
+from jobs.source_reader import open_source
+from resources.lake import LakeResource
+from resources.spark import SparkResource
+
+MAINTENANCE_JOB = "maintain_tables"
+
+
+def build_maintenance_job(pipelines: list[Pipeline]) -> tuple[dg.JobDefinition, dg.ScheduleDefinition]:
+    @dg.op(name="maintain_pipeline_tables")
+    def maintain_tables_op(context: dg.OpExecutionContext, spark: SparkResource, lake: LakeResource) -> None:
+        session = spark.get_session()
+        for pipeline in pipelines:
+            source = open_source(pipeline, lake)
+            floor = horizon_floor_ms(pipeline.delivery, pipeline.dedup_horizon_s, source.checkpoints.load())
+            tables = {"raw": source.raw_path, "dead_letter": source.dead_letter_path}
+            tables |= {o.asset: lake.table_path(o.table) for o in pipeline.outputs}
+            for report in maintain(session, pipeline, tables, floor):
+                compacted = (f", compacted time buckets below {report.compacted_below_bucket}"
+                             if report.compacted_below_bucket is not None else "")
+                context.log.info(f"{pipeline.name} {report.table}: retention {pipeline.retention}, vacuumed{compacted}")
+
+    @dg.job(name=MAINTENANCE_JOB, description="Retention, compaction outside the dedup horizon, vacuum within "
+            "retention, for every pipeline's tables; never breaks exactly-once or a backfill within retention.")
+    def maintain_tables() -> None:
+        maintain_tables_op()
+
+    schedule = dg.ScheduleDefinition(
+        name="maintain_tables_daily", job=maintain_tables, cron_schedule="17 3 * * *", execution_timezone="UTC",
+        default_status=dg.DefaultScheduleStatus.RUNNING,
+    )
+    return maintain_tables, schedule

@@ -1,0 +1,118 @@
+"""Checkpoints under overlapping faults: an overlapping run, a checkpoint lost or restored from an old copy, a
+deliberate reset. The raw table, read with delta-rs, holds every record once whatever the checkpoint went
+through."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from jobs.micro_batch import run_micro_batch
+from jobs.source_reader import open_source
+from orchestration.workload import expected_raw, make_events, publish_events
+from resources.checkpoint import EpochStore
+from resources.lake import LakeResource
+from resources.pubsub_emulator import PubSubEmulator
+from tests.delta_reader import read_rows, transaction_version
+from tests.pipelines import TOPIC, builtin, drain, events_pipeline, new_project, setup
+from tests.test_ingest_files import seed_files, write_jsonl
+
+RAW = ["record_id", "event_time", "key", "value"]
+START_MS = 1_763_720_000_000
+
+
+def test_an_idle_run_overlapping_a_commit_never_moves_the_checkpoint_back(
+    spark: SparkSession, tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    incoming = tmp_path / "incoming"
+    monkeypatch.setenv("ONCEFLOW_EVENTS_SOURCE", "files")
+    monkeypatch.setenv("ONCEFLOW_EVENTS_DIR", str(incoming))
+    write_jsonl(incoming / "1.jsonl", [e.json_line() for e in make_events(50, START_MS, 60_000, seed=1)])
+    lake = LakeResource(home=str(home))
+    first, second = open_source(builtin("events"), lake), open_source(builtin("events"), lake)
+    drain(lambda: spark, first)
+    before = first.checkpoints.load()
+
+    # Run A finds nothing to do; while it is at it, run B commits a new file as batch 2. A then records its
+    # (idle) watermark: it must not write back the checkpoint it loaded, from before batch 2.
+    find_nothing = first.reader.next_plan
+
+    def overlapped(checkpoint, floor):
+        write_jsonl(incoming / "2.jsonl", [e.json_line() for e in make_events(30, START_MS, 60_000, 2, "b")])
+        assert run_micro_batch(lambda: spark, second) is not None
+        return find_nothing(checkpoint, floor) if checkpoint.next_batch > 2 else None
+
+    monkeypatch.setattr(first.reader, "next_plan", overlapped)
+    assert run_micro_batch(lambda: spark, first) is None
+
+    after = first.checkpoints.load()
+    assert before.committed_batch == 1 and after.committed_batch == 2
+    assert after.totals["received"] == 80 and set(after.taken_files) == {"1.jsonl", "2.jsonl"}
+
+
+def test_a_checkpoint_restored_from_an_old_copy_loses_nothing(
+    spark: SparkSession, pubsub_emulator: PubSubEmulator, home: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    pipeline = events_pipeline(max_messages=100)
+    client, source = setup(new_project(), str(home), pipeline)
+    first, later = make_events(200, START_MS, 60_000, seed=3), make_events(150, START_MS, 60_000, seed=4, prefix="n")
+    publish_events(client, TOPIC, first[:100])
+    drain(lambda: spark, source)
+    backup = tmp_path / "checkpoints-backup"
+    shutil.copytree(home / "checkpoints", backup)  # taken after batch 1
+    publish_events(client, TOPIC, first[100:])
+    drain(lambda: spark, source)
+    assert source.checkpoints.load().committed_batch == 2
+
+    shutil.rmtree(home / "checkpoints")
+    shutil.copytree(backup, home / "checkpoints")  # the old copy comes back; the lake has batch 2 already
+    publish_events(client, TOPIC, later)
+    results = drain(lambda: spark, open_source(pipeline, LakeResource(home=str(home)), lambda: client))
+
+    # Fresh messages never land under a batch id Delta has committed (it would skip them as a replay).
+    assert [r.batch_id for r in results] == [3, 4]
+    assert results[0].realigned_from == 1 and not any(r.replayed for r in results)
+    assert read_rows(source.raw_path, RAW) == expected_raw(first + later)
+    assert transaction_version(source.raw_path, pipeline.source_id) == 4
+    assert "the checkpoint's last committed batch is 1 but the lake has committed batch 2" in caplog.text
+
+    # Lost altogether, the same.
+    shutil.rmtree(home / "checkpoints")
+    extra = make_events(20, START_MS, 60_000, seed=5, prefix="x")
+    publish_events(client, TOPIC, extra)
+    (result,) = drain(lambda: spark, open_source(pipeline, LakeResource(home=str(home)), lambda: client))
+    assert result.batch_id == 5 and result.inserted == 20 and result.realigned_from == 0
+    assert read_rows(source.raw_path, RAW) == expected_raw(first + later + extra)
+
+
+def test_a_reset_starts_a_new_epoch_with_a_new_app_id(
+    spark: SparkSession, tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    incoming = tmp_path / "incoming"
+    monkeypatch.setenv("ONCEFLOW_EVENTS_SOURCE", "files")
+    monkeypatch.setenv("ONCEFLOW_EVENTS_DIR", str(incoming))
+    monkeypatch.setenv("ONCEFLOW_MAX_FILES", "2")
+    events = seed_files(incoming)
+    lake = LakeResource(home=str(home))
+    before = drain(lambda: spark, open_source(builtin("events"), lake))
+    assert [r.batch_id for r in before] == [1, 2]
+
+    reset = subprocess.run([sys.executable, "-m", "orchestration.cli", "reset", "events"], capture_output=True,
+                           text=True, timeout=120)
+    assert reset.returncode == 0, reset.stderr
+    assert "epoch 1 started; its source now commits as events/files@1, from batch 1" in reset.stdout
+    assert EpochStore(lake.epochs()).current("events") == 1
+
+    source = open_source(builtin("events"), lake)
+    again = drain(lambda: spark, source)  # the new epoch takes every file again: all already held
+
+    assert source.app_id == "events/files@1" and [r.batch_id for r in again] == [1, 2]
+    assert sum(r.inserted for r in again) == 0 and sum(r.dead_lettered_new for r in again) == 0
+    assert read_rows(source.raw_path, RAW) == expected_raw(events)
+    assert transaction_version(source.raw_path, "events/files") == 2
+    assert transaction_version(source.raw_path, "events/files@1") == 2
