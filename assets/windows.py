@@ -53,6 +53,7 @@ def window_metadata(result: WindowResult, published: str) -> dict[str, Any]:
         "late_records": result.late,
         "latest_raw_version": result.latest_raw_version,
         "published": published,
+        "lost_commit_races": result.lost_races,
     }
     if result.watermark_ms is not None:
         metadata["watermark_ms"] = result.watermark_ms

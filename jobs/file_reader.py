@@ -14,6 +14,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from jobs.declaration import FileSource, Pipeline
 from jobs.durations import parse_duration
+from jobs.landed_ids import LandedRow
 from jobs.landing import LANDING_SCHEMA, BatchOutcome
 from jobs.watermark import FileWatermark, WatermarkEstimator
 from resources.checkpoint import BatchPlan, CheckpointStore, SourceCheckpoint
@@ -52,18 +53,14 @@ class FileReader:
         )
 
     def landed(self, spark: SparkSession, plan: BatchPlan) -> DataFrame:
-        positions, data = [], []
-        for entry in plan.files:
-            for offset, line in self.directory.lines(entry):
-                positions.append(f"{entry.path}:{offset}")
-                data.append(line)
+        rows = self.landed_rows(plan)
         table = pa.table(
             {
-                "ordinal": list(range(len(data))),
-                "source_position": positions,
-                "publish_time": pa.nulls(len(data), pa.timestamp("ms", tz="UTC")),
-                "attributes": pa.nulls(len(data), pa.map_(pa.string(), pa.string())),
-                "data": data,
+                "ordinal": list(range(len(rows))),
+                "source_position": [r.position for r in rows],
+                "publish_time": pa.nulls(len(rows), pa.timestamp("ms", tz="UTC")),
+                "attributes": pa.nulls(len(rows), pa.map_(pa.string(), pa.string())),
+                "data": [r.data for r in rows],
             },
             schema=LANDING_SCHEMA,
         )
@@ -71,6 +68,12 @@ class FileReader:
 
     def landed_count(self, plan: BatchPlan) -> int:
         return sum(1 for entry in plan.files for _ in self.directory.lines(entry))
+
+    def landed_rows(self, plan: BatchPlan) -> list[LandedRow]:
+        return [
+            LandedRow(f"{entry.path}:{offset}", None, line, None)
+            for entry in plan.files for offset, line in self.directory.lines(entry)
+        ]
 
     def watermark(self, state: dict) -> WatermarkEstimator:
         return FileWatermark(

@@ -21,6 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 from jobs.backlog import BacklogProbe, CloudMonitoringBacklogProbe, EmulatorBacklogProbe
 from jobs.declaration import Pipeline, PubSubSource
 from jobs.durations import parse_duration
+from jobs.landed_ids import LandedRow
 from jobs.landing import LANDING_SCHEMA, BatchOutcome
 from jobs.tracking import TrackingDrainer
 from jobs.watermark import PubSubWatermark, WatermarkEstimator
@@ -96,12 +97,27 @@ class PubSubReader:
     def landed_count(self, plan: BatchPlan) -> int:
         return len(self.landed_messages(plan))
 
+    def landed_rows(self, plan: BatchPlan) -> list[LandedRow]:
+        table = pq.read_table(io.BytesIO(self._landing_bytes(plan)))
+        times = table.column("publish_time").cast(pa.int64()).to_pylist()
+        return [
+            LandedRow(position, dict(attributes or []), data, publish_ms)
+            for position, attributes, data, publish_ms in zip(
+                table.column("source_position").to_pylist(), table.column("attributes").to_pylist(),
+                table.column("data").to_pylist(), times, strict=True,
+            )
+        ]
+
+    def _landing_bytes(self, plan: BatchPlan) -> bytes:
+        data = self.landing.read(plan.landing_key or "")
+        if data is None:
+            raise FileNotFoundError(f"{self.pipeline.source_id} batch {plan.batch_id}: landing file is missing")
+        return data
+
     def landed_messages(self, plan: BatchPlan) -> list[tuple[str, int]]:
         """(message id, publish time) of every message in a landed batch (read once: it never changes)."""
         if plan.batch_id not in self._landed:
-            data = self.landing.read(plan.landing_key or "")
-            if data is None:
-                raise FileNotFoundError(f"{self.pipeline.source_id} batch {plan.batch_id}: landing file is missing")
+            data = self._landing_bytes(plan)
             table = pq.read_table(io.BytesIO(data), columns=["source_position", "publish_time"])
             times = table.column("publish_time").cast(pa.int64()).to_pylist()
             self._landed[plan.batch_id] = list(zip(table.column("source_position").to_pylist(), times, strict=True))

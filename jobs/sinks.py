@@ -28,11 +28,19 @@ class OutputSinks:
     bigquery: BigQueryTarget | None
 
 
+def files_root(output: WindowedOutput, published_root: str, staging_root: str) -> str | None:
+    """Where an output's pane files go: its FileSink's path (default `published_root`); the staging root for a
+    BigQuery-only output (its loads read them); None with no sink at all."""
+    file_sink = next((s for s in output.sinks if isinstance(s, FileSink)), None)
+    if file_sink is not None:
+        return file_sink.path or published_root
+    return staging_root if any(isinstance(s, BigQuerySink) for s in output.sinks) else None
+
+
 def output_sinks(
     output: WindowedOutput, published_root: str, staging_root: str, bigquery_project: str | None
 ) -> OutputSinks:
     """Resolve an output's declared sinks; `bigquery_project` is the project of a BigQuerySink without one."""
-    file_sink = next((s for s in output.sinks if isinstance(s, FileSink)), None)
     bq_sink = next((s for s in output.sinks if isinstance(s, BigQuerySink)), None)
     target = None
     if bq_sink is not None:
@@ -40,9 +48,7 @@ def output_sinks(
         if project is None or bq_sink.dataset is None:
             raise ValueError(f"{output.asset}: BigQuerySink(table={bq_sink.table!r}) needs a project and a dataset")
         target = BigQueryTarget(project, bq_sink.dataset, bq_sink.table, ("window_start", *output.keys))
-    if file_sink is not None:
-        return OutputSinks(file_sink.path or published_root, target)
-    return OutputSinks(staging_root if target is not None else None, target)
+    return OutputSinks(files_root(output, published_root, staging_root), target)
 
 
 def window_table_schema(spark: SparkSession, windows_path: str) -> list[tuple[str, str]]:

@@ -17,6 +17,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from jobs.declaration import FileSource, Pipeline
 from jobs.file_reader import FileReader
+from jobs.landed_ids import LandedRow
 from jobs.landing import BatchOutcome
 from jobs.pubsub_reader import PubSubReader
 from jobs.watermark import WatermarkEstimator
@@ -43,6 +44,10 @@ class SourceReader(Protocol):
 
     def landed_count(self, plan: BatchPlan) -> int:
         """How many records the batch holds, counted from the landing itself (not from Spark's reading of it)."""
+        ...
+
+    def landed_rows(self, plan: BatchPlan) -> list[LandedRow]:
+        """The batch's records read in plain Python, for reconciliation (not Spark's reading of them)."""
         ...
 
     def watermark(self, state: dict) -> WatermarkEstimator:

@@ -12,6 +12,7 @@ and `timing`.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from dataclasses import dataclass
@@ -22,15 +23,19 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from jobs.declaration import Pipeline, WindowedOutput
-from jobs.delta_txn import latest_version, retention_properties
+from jobs.delta_txn import is_concurrent_commit, latest_version, retention_properties
 from jobs.ingest import BUCKET_MS, ensure_raw_table
 from jobs.maintenance import check_pinned_input
 from jobs.panes import EARLY, LATE, ON_TIME, CloseStore, PaneClose, Window
 from jobs.schema import field_ddl
 from resources.faults import crash_point
 
+MERGE_TRIES = 3
 WINDOWS_PER_PLAN = 32
 """Windows computed in one Spark plan: each is its own transform over a shared cached read."""
+
+
+log = logging.getLogger("onceflow")
 
 
 class OutputError(RuntimeError):
@@ -51,6 +56,7 @@ class WindowResult:
     late: int
     latest_raw_version: int
     watermark_ms: int | None
+    lost_races: int = 0
 
 
 def input_schema(pipeline: Pipeline) -> T.StructType:
@@ -138,7 +144,7 @@ def materialize_windows(
     for window, close in panes.items():
         if close is not None:
             check_pinned_input(output.asset, window, close, pipeline.retention_s, now_ms)
-    counts: dict[Window, tuple[int, int]] = {}
+    counts: dict[Window, tuple[int, int, int]] = {}
     items = list(panes.items())
     for start in range(0, len(items), WINDOWS_PER_PLAN):
         counts |= _merge_panes(spark, pipeline, output, raw_path, windows_path, latest, dict(items[start:start + WINDOWS_PER_PLAN]))
@@ -146,10 +152,10 @@ def materialize_windows(
     late = rows_per_window(spark, raw_path, latest, {w: c.max_batch_id for w, c in panes.items() if c})
     results = []
     for window, close in panes.items():
-        records, rows = counts[window]
+        records, rows, races = counts[window]
         version, pane, timing = (latest, 0, EARLY) if close is None else (close.raw_version, close.pane, close.timing)
         results.append(WindowResult(window, pane, timing, version, close is not None, records, rows,
-                                    late.get(window, 0), latest, watermark_ms))
+                                    late.get(window, 0), latest, watermark_ms, races))
     return results
 
 
@@ -207,8 +213,8 @@ def _merge_panes(
     windows_path: str,
     latest: int,
     panes: dict[Window, PaneClose | None],
-) -> dict[Window, tuple[int, int]]:
-    """Replace each window's rows with its pane's; returns (input records, output rows) per window."""
+) -> dict[Window, tuple[int, int, int]]:
+    """Replace each window's rows with its pane's; returns (input records, output rows, lost races) per window."""
     by_version: dict[int, list[tuple[Window, int, str]]] = {}
     for window, close in panes.items():
         version = latest if close is None else close.raw_version
@@ -238,20 +244,39 @@ def _merge_panes(
             f"(t.window_start = timestamp_millis({w.start_ms}) AND t.pane <= {0 if c is None else c.pane})"
             for w, c in panes.items()
         )
+        merge = (
+            f"MERGE INTO delta.`{windows_path}` t USING {view} s ON t.window_start IN ({starts}) AND {on} "
+            "WHEN MATCHED AND s.pane >= t.pane THEN UPDATE SET * "
+            "WHEN NOT MATCHED THEN INSERT * "
+            f"WHEN NOT MATCHED BY SOURCE AND ({stale}) THEN DELETE"
+        )
         try:
-            spark.sql(
-                f"MERGE INTO delta.`{windows_path}` t USING {view} s ON t.window_start IN ({starts}) AND {on} "
-                "WHEN MATCHED AND s.pane >= t.pane THEN UPDATE SET * "
-                "WHEN NOT MATCHED THEN INSERT * "
-                f"WHEN NOT MATCHED BY SOURCE AND ({stale}) THEN DELETE"
-            )
+            conflicts = _merge_retrying(spark, merge, output.asset, list(panes))
         finally:
             spark.catalog.dropTempView(view)
     finally:
         result.unpersist()
         for records in cached:
             records.unpersist()
-    return {w: (inputs.get(w.start_ms, 0), rows.get(w.start_ms, 0)) for w in panes}
+    return {w: (inputs.get(w.start_ms, 0), rows.get(w.start_ms, 0), conflicts) for w in panes}
+
+
+def _merge_retrying(spark: SparkSession, merge: str, asset: str, windows: list[Window]) -> int:
+    """Run the window MERGE; when a concurrent materialization of the same windows commits first, run it again
+    (it is idempotent: a pane replaces only an older or equal one). Returns how many races were lost."""
+    for lost in range(MERGE_TRIES):
+        try:
+            spark.sql(merge)
+            return lost
+        except Exception as error:
+            if not is_concurrent_commit(error):
+                raise
+            log.warning(f"{asset} windows {windows[0].key}..{windows[-1].key}: another run committed these windows "
+                        f"first; merging again ({lost + 1} of {MERGE_TRIES})")
+    raise OutputError(
+        f"{asset} windows {windows[0].key}..{windows[-1].key}: {MERGE_TRIES} concurrent materializations kept "
+        "committing first; nothing of this run was merged (Dagster retries the run)"
+    )
 
 
 def _check_output(

@@ -16,7 +16,15 @@ from typing import TYPE_CHECKING
 from jobs.commit_steps import sequence_id
 from jobs.declaration import Pipeline, WindowedOutput
 from jobs.panes import CloseStore, Window
-from jobs.reconcile import reconcile, render
+from jobs.reconcile import (
+    SourceReconciliation,
+    WindowReconciliation,
+    landed_records,
+    reconcile,
+    reconcile_source,
+    render,
+)
+from jobs.sinks import files_root
 from jobs.source_reader import SourceRuntime, open_source, source_watermark_ms
 from orchestration.commits_cli import describe
 from orchestration.pipelines import load_pipelines
@@ -114,20 +122,42 @@ def cmd_status(_: argparse.Namespace) -> int:
     return 0
 
 
-def verify(spark: SparkSession, pipelines: list[Pipeline], lake: LakeResource) -> bool:
-    """Print the reconciliation of every output; True when exactly-once held everywhere."""
-    ok = True
+def reconcile_pipeline(
+    spark: SparkSession, pipeline: Pipeline, lake: LakeResource
+) -> tuple[SourceReconciliation, dict[str, list[WindowReconciliation]]]:
+    """The reconciliation of a pipeline: its source's, and every output's per window (see `jobs.reconcile`)."""
+    source = open_source(pipeline, lake)  # landed batches only: the source itself is not read
+    landed = landed_records(source)
     commits = CommitStore(lake.commits())
+    outputs = {
+        output.asset: reconcile(
+            spark, source, output, CloseStore(lake.panes(), output.asset), commits, lake.table_path(output.table),
+            files_root(output, lake.sink_root(), lake.staging_root()), landed,
+        )
+        for output in pipeline.outputs
+    }
+    return reconcile_source(source, landed), outputs
+
+
+def verify(spark: SparkSession, pipelines: list[Pipeline], lake: LakeResource) -> bool:
+    """Print the reconciliation of every pipeline; True when exactly-once held everywhere."""
+    ok = True
     for pipeline in pipelines:
-        source = open_source(pipeline, lake)  # landed batches only: the source itself is not read
-        for output in pipeline.outputs:
-            closes = CloseStore(lake.panes(), output.asset)
-            rows = reconcile(spark, source, output, closes, commits, lake.table_path(output.table))
-            print(f"{pipeline.name} {output.asset}: received = inserted + duplicates + late + dead-lettered, per window")
+        source, outputs = reconcile_pipeline(spark, pipeline, lake)
+        for problem, ids in (("lost (landed, held nowhere)", source.lost), ("twice in raw", source.doubled_raw),
+                             ("twice in the dead letters", source.doubled_dead)):
+            if ids:
+                print(f"{pipeline.name}: {len(ids)} record IDs {problem}: {', '.join(ids[:10])}")
+        for mismatch in source.metric_mismatches:
+            print(f"{pipeline.name}: {mismatch}")
+        ok = ok and source.ok
+        for asset, rows in outputs.items():
+            print(f"{pipeline.name} {asset}: received = inserted + duplicates + late + dead-lettered, per window")
             print(render(rows))
             bad = [r.window for r in rows if not r.ok]
             ok = ok and not bad
-            print(f"{pipeline.name} {output.asset}: {'exactly-once holds' if not bad else 'MISMATCH in ' + ', '.join(bad)}")
+            print(f"{pipeline.name} {asset}: {'MISMATCH in ' + ', '.join(bad) if bad else 'windows reconcile'}")
+        print(f"{pipeline.name}: {'exactly-once holds' if source.ok and ok else 'exactly-once VIOLATED'}")
     return ok
 
 
