@@ -35,6 +35,19 @@ def is_concurrent_commit(error: BaseException) -> bool:
     return any(marker in str(error) for marker in _CONFLICTS)
 
 
+def create_table_once(spark: SparkSession, path: str, definition: str) -> None:
+    """`CREATE TABLE IF NOT EXISTS delta.`path` <definition>`, when another writer may be creating it at the same
+    moment (two first runs): whoever loses that race finds the table made, which is all it wanted."""
+    try:
+        spark.sql(f"CREATE TABLE IF NOT EXISTS delta.`{path}` {definition}")
+    except Exception:
+        try:
+            DeltaTable(path)
+        except TableNotFoundError:
+            raise  # the CREATE failed, and not because someone else created the table
+        return
+
+
 def committed_batch(path: str, app_id: str) -> int | None:
     """The SetTransaction version the table at `path` holds for `app_id` (read from its log), None if none.
 

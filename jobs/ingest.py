@@ -26,6 +26,7 @@ from jobs.delta_txn import (
     append_once,
     committed_batch,
     committed_metrics,
+    create_table_once,
     delta_transaction,
     is_concurrent_commit,
     latest_version,
@@ -112,17 +113,17 @@ class IngestResult:
 
 
 def ensure_raw_table(spark: SparkSession, raw_path: str, pipeline: Pipeline) -> None:
-    spark.sql(
-        f"CREATE TABLE IF NOT EXISTS delta.`{raw_path}` ({raw_columns(pipeline.record_schema)}) USING delta "
-        f"PARTITIONED BY (time_bucket) {retention_properties(pipeline.retention_s)}"
+    create_table_once(
+        spark, raw_path, f"({raw_columns(pipeline.record_schema)}) USING delta PARTITIONED BY (time_bucket) "
+        f"{retention_properties(pipeline.retention_s)}",
     )
 
 
 def ensure_tables(spark: SparkSession, source: SourceRuntime) -> None:
     ensure_raw_table(spark, source.raw_path, source.pipeline)
-    spark.sql(
-        f"CREATE TABLE IF NOT EXISTS delta.`{source.dead_letter_path}` ({DEAD_LETTER_COLUMNS}) USING delta "
-        f"{retention_properties(source.pipeline.retention_s)}"
+    create_table_once(
+        spark, source.dead_letter_path,
+        f"({DEAD_LETTER_COLUMNS}) USING delta {retention_properties(source.pipeline.retention_s)}",
     )
 
 

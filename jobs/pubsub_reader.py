@@ -138,6 +138,7 @@ class PubSubReader:
     def before_batch(self, now_ms: int) -> None:
         drainer = TrackingDrainer.for_source(self.client, self.source)
         drained = drainer.drain(now_ms)
+        crash_point("watermark.after_drain")
 
         def observe(checkpoint: SourceCheckpoint) -> SourceCheckpoint:
             watermark = self.watermark(checkpoint.watermark)

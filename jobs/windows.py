@@ -23,7 +23,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from jobs.declaration import Pipeline, WindowedOutput
-from jobs.delta_txn import is_concurrent_commit, latest_version, retention_properties
+from jobs.delta_txn import create_table_once, is_concurrent_commit, latest_version, retention_properties
 from jobs.ingest import BUCKET_MS, ensure_raw_table
 from jobs.maintenance import check_pinned_input
 from jobs.panes import EARLY, LATE, ON_TIME, CloseStore, PaneClose, Window
@@ -293,7 +293,7 @@ def _check_output(
             f"and key {named}; it must return one row per value of keys {list(output.keys)}"
         )
     columns = ", ".join(field_ddl(f) for f in result.schema)
-    spark.sql(f"CREATE TABLE IF NOT EXISTS delta.`{windows_path}` ({columns}) USING delta {retention}")
+    create_table_once(spark, windows_path, f"({columns}) USING delta {retention}")
     table = spark.read.format("delta").load(windows_path).schema
     found = [(f.name, f.dataType.simpleString()) for f in result.schema]
     wanted = [(f.name, f.dataType.simpleString()) for f in table]

@@ -14,6 +14,7 @@ from collections import Counter
 CRASH_EXIT_CODE = 86
 POINTS = frozenset(
     {
+        "watermark.after_drain",
         "land.before_persist",
         "land.after_persist",
         "ingest.after_merge",

