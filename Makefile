@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export ONCEFLOW_HOME ?= $(CURDIR)/.onceflow
 
-.PHONY: setup demo test dev bench lint clean
+.PHONY: setup demo test chaos dev bench lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ test: setup
 	$(BIN)/ruff check .
 	command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) || echo "no chromium: tests/test_ui.py skips (fails under CI=true)"
 	$(BIN)/pytest
+
+# CHAOS_ITERATIONS faults (30) under a continuous workload; CHAOS_SEED replays a run.
+chaos: setup
+	$(BIN)/python -m tests.chaos.harness --iterations $${CHAOS_ITERATIONS:-30} $${CHAOS_SEED:+--seed $$CHAOS_SEED}
 
 dev: setup
 	DAGSTER_HOME=$(ONCEFLOW_HOME)/dagster $(BIN)/onceflow dev

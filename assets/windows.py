@@ -16,6 +16,7 @@ from jobs.durations import window_cron
 from jobs.finalize_job import commit_context
 from jobs.ingest_job import raw_asset_key
 from jobs.panes import PARTITION_FORMAT, CloseStore, Window
+from jobs.run_worker import record_worker
 from jobs.sinks import output_sinks, publish_closed
 from jobs.source_reader import open_source, source_watermark_ms
 from jobs.window_checks import duplicate_record_ids, output_mismatches, unaccounted_late
@@ -87,6 +88,7 @@ def build_window_asset(pipeline: Pipeline, output: WindowedOutput) -> dg.AssetsD
     def window_asset(
         context: dg.AssetExecutionContext, spark: SparkResource, lake: LakeResource, bigquery: BigQueryResource
     ):
+        record_worker(context)
         session = spark.get_session()
         raw_path, windows_path = lake.table_path(pipeline.raw_table), lake.table_path(output.table)
         watermark = source_watermark_ms(open_source(pipeline, lake).checkpoints.load())

@@ -9,6 +9,7 @@ import dagster as dg
 
 from jobs.commit_step import CommitContext
 from jobs.commit_steps import run_sequence
+from jobs.run_worker import record_worker
 from resources.bigquery import BigQueryResource
 from resources.commit_store import CommitStore
 from resources.lake import LakeResource
@@ -35,6 +36,7 @@ def finalize_run_config(sequence_id: str) -> dict:
 def finalize_sequence(
     context: dg.OpExecutionContext, config: FinalizeConfig, lake: LakeResource, bigquery: BigQueryResource
 ) -> None:
+    record_worker(context)
     run = context.run
     result = run_sequence(
         commit_context(lake, bigquery), config.sequence_id, run.run_id, run.root_run_id or run.run_id

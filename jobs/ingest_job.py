@@ -11,6 +11,7 @@ import dagster as dg
 from jobs.declaration import Pipeline
 from jobs.ingest import IngestResult
 from jobs.micro_batch import run_micro_batch
+from jobs.run_worker import record_worker
 from jobs.source_reader import open_source
 from resources.lake import LakeResource
 from resources.pubsub import PubSubResource
@@ -61,6 +62,7 @@ def build_ingest_job(pipeline: Pipeline) -> dg.JobDefinition:
     def micro_batch(
         context: dg.OpExecutionContext, spark: SparkResource, lake: LakeResource, pubsub: PubSubResource
     ) -> None:
+        record_worker(context)
         result = run_micro_batch(spark.get_session, open_source(pipeline, lake, pubsub.client))
         if result is None:
             context.log.info(f"{pipeline.source_id}: no new data")

@@ -222,7 +222,7 @@ def _window_rows(windows_path: str) -> dict[str, list[str]]:
     rows: dict[str, list[str]] = {}
     for row in table:
         key = Window.at(int(row["window_start"].timestamp() * 1000), 60).key  # any size: a start is a start
-        rows.setdefault(key, []).append(_canonical(row))
+        rows.setdefault(key, []).append(canonical_row(row))
     return {k: sorted(v) for k, v in rows.items()}
 
 
@@ -232,11 +232,11 @@ def _published_rows(files_root: str, asset: str, window: str, pane: int) -> list
     lines = []
     for key in store.list(prefix):
         if key.rsplit("/", 1)[-1].startswith("part-"):
-            lines += [_canonical(json.loads(line)) for line in (store.read(key) or b"").decode().splitlines()]
+            lines += [canonical_row(json.loads(line)) for line in (store.read(key) or b"").decode().splitlines()]
     return sorted(lines)
 
 
-def _canonical(row: dict) -> str:
+def canonical_row(row: dict) -> str:
     """A row as comparable text: timestamps as epoch ms, numbers as exact decimals, whatever form they came in."""
 
     def value(v: object) -> object:

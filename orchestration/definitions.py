@@ -19,6 +19,7 @@ from orchestration.micro_batch_sensor import build_micro_batch_sensor
 from orchestration.pipelines import load_pipelines
 from orchestration.pipelines.transform_check import check_transforms
 from orchestration.resources import resources_for
+from orchestration.runs import build_dead_run_sensor
 from orchestration.window_sensor import build_window_sensor
 from resources.settings import Settings, load_settings
 
@@ -47,7 +48,7 @@ def build_definitions(settings: Settings | None = None) -> dg.Definitions:
         schedules=[maintenance_schedule],
         sensors=[build_micro_batch_sensor(p, settings.idle_tick_s) for p in pipelines]
         + [build_window_sensor(p, o) for p, o in outputs]
-        + [build_commit_sensor([o.asset for _, o in outputs])],
+        + [build_commit_sensor([o.asset for _, o in outputs]), build_dead_run_sensor()],
         resources=resources,
         # One process per run: every job is one step, and a second process per step only adds start-up time.
         executor=dg.in_process_executor,

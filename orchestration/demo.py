@@ -13,13 +13,7 @@ the expected counts) and the exit status is 0 only if exactly-once held.
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from decimal import Decimal
@@ -28,7 +22,7 @@ from pathlib import Path
 from jobs.panes import CloseStore, Window
 from orchestration.runs import run_worker_pid
 from orchestration.workload import Expected, Publisher
-from resources.processes import kill_tree, stop_process_group
+from resources.processes import kill_tree
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEMO_SETTINGS = {
@@ -70,54 +64,20 @@ def run_streaming(
     `spark_remote` is a running Spark Connect server to use instead of starting one; `keep` keeps the onceflow
     home (`StreamingResult.home`) for inspection.
     """
-    import dagster as dg
-
     from jobs.reconcile import render
     from jobs.source_reader import open_source, source_watermark_ms
+    from orchestration.local_stack import local_stack
     from orchestration.pipelines import load_pipelines
     from orchestration.resources import resources_for
     from orchestration.status import reconcile_pipeline
-    from resources.bigquery_emulator import BigQueryEmulatorUnavailable, start_bigquery_emulator
     from resources.commit_store import DONE, CommitStore
     from resources.lake import LakeResource
     from resources.pubsub import PubSubClient
-    from resources.pubsub_emulator import start_pubsub_emulator
     from resources.settings import load_settings
     from resources.spark import build_spark_session
-    from resources.spark_connect import start_spark_connect_server
 
-    workdir = Path(tempfile.mkdtemp(prefix="onceflow-demo-"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ONCEFLOW_", "SPARK_"))}
-    env.update(DEMO_SETTINGS, ONCEFLOW_HOME=str(workdir / "home"), DAGSTER_HOME=str(workdir / "dagster"))
-    Path(env["DAGSTER_HOME"]).mkdir(parents=True)
-    shutil.copyfile(PROJECT_ROOT / "dagster.yaml", Path(env["DAGSTER_HOME"]) / "dagster.yaml")
-    saved = dict(os.environ)
-    os.environ.clear()
-    os.environ.update(env)
-    services: list = []
-    daemon = None
-    own_spark = None
-    try:
-        say("starting the Pub/Sub emulator, the Spark Connect engine and the BigQuery emulator")
-        pubsub = start_pubsub_emulator()
-        services.append(pubsub)
-        os.environ["PUBSUB_EMULATOR_HOST"] = pubsub.host
-        if spark_remote is None:
-            engine = start_spark_connect_server()
-            services.append(engine)
-            spark_remote = engine.url
-            own_spark = build_spark_session(remote=spark_remote)
-        os.environ["ONCEFLOW_SPARK_REMOTE"] = spark_remote
-        try:
-            bigquery = start_bigquery_emulator(project="onceflow-demo")
-            services.append(bigquery)
-            os.environ["BIGQUERY_EMULATOR_HOST"] = bigquery.endpoint
-            os.environ["ONCEFLOW_BIGQUERY_PROJECT"] = "onceflow-demo"
-            bigquery.client().create_dataset(DEMO_SETTINGS["ONCEFLOW_BIGQUERY_DATASET"], exists_ok=True)
-        except BigQueryEmulatorUnavailable as missing:
-            os.environ.pop("ONCEFLOW_BIGQUERY_DATASET")
-            say(f"BigQuery emulator unavailable ({missing}); publishing to files only")
-
+    with local_stack(DEMO_SETTINGS, "onceflow-demo-", spark_remote, keep, say) as stack:
+        instance = stack.instance
         settings = load_settings()
         pipeline = next(p for p in load_pipelines(settings) if p.name == "events")
         output = pipeline.outputs[0]
@@ -125,19 +85,10 @@ def run_streaming(
         lake: LakeResource = resources["lake"]
         client: PubSubClient = resources["pubsub"].client()
         source = open_source(pipeline, lake, lambda: client)
-        source.reader.ensure()
         spec = pipeline.source
         closes = CloseStore(lake.panes(), output.asset)
         commits = CommitStore(lake.commits())
         checkpoints = source.checkpoints
-
-        say("starting dagster-daemon: it runs the three sensors and launches their runs")
-        daemon = subprocess.Popen(
-            [str(Path(sys.executable).parent / "dagster-daemon"), "run", "-w", str(PROJECT_ROOT / "workspace.yaml")],
-            cwd=PROJECT_ROOT, env=dict(os.environ), start_new_session=True,
-            stdout=open(workdir / "daemon.log", "w"), stderr=subprocess.STDOUT,  # noqa: SIM115
-        )
-        instance = dg.DagsterInstance.get()
 
         def first_closed() -> str | None:
             windows = closes.windows(output.window_s)
@@ -151,9 +102,8 @@ def run_streaming(
         deadline = time.monotonic() + timeout_s
         last_report = 0.0
         while time.monotonic() < deadline:
-            if daemon.poll() is not None:
-                log = (workdir / "daemon.log").read_text()[-3000:]
-                raise RuntimeError(f"dagster-daemon exited ({daemon.returncode}):\n{log}")
+            if stack.daemon.poll() is not None:
+                raise RuntimeError(f"dagster-daemon exited ({stack.daemon.returncode}):\n{stack.daemon_log()}")
             checkpoint = checkpoints.load()
             if killed is None:
                 killed = _kill_mid_batch(instance, checkpoints, checkpoint.committed_batch)
@@ -178,7 +128,7 @@ def run_streaming(
             raise TimeoutError(f"not every window was closed and published within {timeout_s:.0f}s")
 
         say("every window is closed and published; reconciling")
-        spark = build_spark_session(remote=spark_remote)
+        spark = build_spark_session(remote=stack.spark_remote)
         source_facts, outputs_facts = reconcile_pipeline(spark, pipeline, lake)
         rows = outputs_facts[output.asset]
         print(render(rows), flush=True)
@@ -207,19 +157,7 @@ def run_streaming(
             print(f"  {name}: {value:.1f}s", flush=True)
         ok = all(checks.values())
         print(f"\nexactly-once {'held' if ok else 'VIOLATED'}", flush=True)
-        return StreamingResult(ok, sorted(expected.on_time), expected, killed, latencies, workdir / "home")
-    finally:
-        if daemon is not None:
-            stop_process_group(daemon, (signal.SIGTERM, signal.SIGKILL), timeout_s=20)
-        if own_spark is not None:
-            # Released while its engine is up: at exit, a client whose server is gone retries for ten minutes.
-            own_spark.stop()
-        for service in reversed(services):
-            service.stop()
-        os.environ.clear()
-        os.environ.update(saved)
-        if not keep:
-            shutil.rmtree(workdir, ignore_errors=True)
+        return StreamingResult(ok, sorted(expected.on_time), expected, killed, latencies, stack.home)
 
 
 def _kill_mid_batch(instance, checkpoints, committed: int) -> str | None:

@@ -95,10 +95,17 @@ class Expected:
 
     on_time: dict[str, dict[str, Event]] = field(default_factory=dict)
     late: dict[str, int] = field(default_factory=dict)
+    late_ids: set[str] = field(default_factory=set)
+    malformed_ids: set[str] = field(default_factory=set)
     publish_ms: dict[str, int] = field(default_factory=dict)
     messages: int = 0
     retries: int = 0
     malformed: int = 0
+
+    @property
+    def valid_ids(self) -> set[str]:
+        """Every valid record ID published: on time or late, each once however often it was resent."""
+        return {i for events in self.on_time.values() for i in events} | self.late_ids
 
     def counts(self, window: str) -> dict[str, tuple[int, Decimal]]:
         per_key: dict[str, tuple[int, Decimal]] = {}
@@ -116,9 +123,11 @@ class Publisher(threading.Thread):
     # minutes later would carry an old event time and rightly hold the watermark back.
     retry_within_s = 5.0
 
-    def __init__(self, client, topic: str, duration_s: float, rate: int, first_closed: Callable[[], str | None]):
+    def __init__(
+        self, client, topic: str, duration_s: float, rate: int, first_closed: Callable[[], str | None], seed: int = 42
+    ):
         super().__init__(daemon=True)
-        self.client, self.topic, self.duration_s, self.rate = client, topic, duration_s, rate
+        self.client, self.topic, self.duration_s, self.rate, self.seed = client, topic, duration_s, rate, seed
         self.first_closed = first_closed
         self.expected = Expected()
         self.done = threading.Event()
@@ -138,7 +147,7 @@ class Publisher(threading.Thread):
             self.expected.messages += len(messages)
 
     def _publish(self) -> None:
-        rng = random.Random(42)
+        rng = random.Random(self.seed)
         start = time.time()
         seq, late_done, retry_pool = 0, False, []
         # Go on past `duration_s` until the late events are out (the first window must close first), within reason.
@@ -166,6 +175,7 @@ class Publisher(threading.Thread):
                     attributes = {**attributes, "event_time": str(now_ms)}
                 messages.append((data, {**attributes, "event_id": f"bad-{seq}"}))
                 self.expected.malformed += 1
+                self.expected.malformed_ids.add(f"bad-{seq}")
             closed = None if late_done else self.first_closed()
             if closed is not None:
                 late_done = True
@@ -173,6 +183,7 @@ class Publisher(threading.Thread):
                 for i in range(20):
                     late = Event(f"late{i:03d}", base + rng.randrange(60_000), f"k{rng.randrange(8)}", 1000)
                     messages.append((late.data, late.attributes(False)))
+                    self.expected.late_ids.add(late.event_id)
                 self.expected.late[closed] = 20
             self._send(messages)
             time.sleep(max(0.0, 1.0 - (time.time() - tick)))

@@ -14,8 +14,11 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 
 import dagster as dg
+import grpc
 from google.api_core import exceptions as gexc
 from google.cloud import pubsub_v1
+from google.pubsub_v1.services.publisher.transports import PublisherGrpcTransport
+from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
 
 # The emulator answers an empty pull about 1 s before the client timeout; a short timeout keeps polling quick.
 EMPTY_PULL_TIMEOUT_S = 2.0
@@ -47,10 +50,17 @@ class PubSubClient:
 
     def __init__(self, project: str, emulator_host: str | None = None) -> None:
         self.project = project
-        # The client library reads PUBSUB_EMULATOR_HOST itself; the settings read the same variable.
         self.emulated = emulator_host is not None
-        self.publisher = pubsub_v1.PublisherClient()
-        self.subscriber = pubsub_v1.SubscriberClient()
+        if emulator_host is None:
+            self.publisher = pubsub_v1.PublisherClient()
+            self.subscriber = pubsub_v1.SubscriberClient()
+        else:
+            # The library's own emulator channel keeps gRPC's 4 MiB receive limit, so a message Pub/Sub accepts
+            # (up to 10 MB) could never be pulled: a poison message. This channel takes any size.
+            self.publisher = pubsub_v1.PublisherClient(transport=PublisherGrpcTransport(channel=_channel(emulator_host)))
+            self.subscriber = pubsub_v1.SubscriberClient(
+                transport=SubscriberGrpcTransport(channel=_channel(emulator_host))
+            )
 
     def topic_path(self, topic: str) -> str:
         return self.publisher.topic_path(self.project, topic)
@@ -158,6 +168,12 @@ class PubSubClient:
         path = self.topic_path(topic)
         futures = [self.publisher.publish(path, data, **attributes) for data, attributes in messages]
         return [f.result(timeout=60) for f in futures]
+
+
+def _channel(host: str) -> grpc.Channel:
+    return grpc.insecure_channel(
+        host, options=[("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+    )
 
 
 def _chunks(items: Sequence[str], size: int) -> Iterator[Sequence[str]]:

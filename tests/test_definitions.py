@@ -60,7 +60,7 @@ def test_definitions_have_the_sensors_the_finalize_job_and_the_quarantine_checks
     assert set(sensors) == {
         "events_micro_batch_sensor", "event_counts_window_sensor",
         "orders_micro_batch_sensor", "region_sales_window_sensor",
-        "commit_sensor",
+        "commit_sensor", "dead_run_sensor",
     }
     assert all(s.default_status == dg.DefaultSensorStatus.RUNNING for s in sensors.values())
     assert sensors["events_micro_batch_sensor"].job_name == "ingest_events"

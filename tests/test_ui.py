@@ -37,7 +37,7 @@ MATERIALIZE = ["dagster", "asset", "materialize", "-m", LOCATION, "--select", "e
 INHERITED = ("ONCEFLOW_CRASH_AT", "SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE")
 SENSORS = [
     "events_micro_batch_sensor", "event_counts_window_sensor", "orders_micro_batch_sensor", "region_sales_window_sensor",
-    "commit_sensor",
+    "commit_sensor", "dead_run_sensor",
 ]
 # Dagster's UI opens a newsletter dialog on localhost until it is dismissed, which this browser has done already.
 NUX_DISMISSED = 'window.localStorage.setItem("communityNux", JSON.stringify("1"))'

@@ -1,0 +1,143 @@
+"""A whole onceflow installation on this machine, for the demo and the chaos harness: Google's Pub/Sub emulator,
+a warm Spark Connect engine, the BigQuery emulator (when it can be set up), a temporary Dagster instance with the
+project's `dagster.yaml`, and a real `dagster-daemon` running the sensors and launching their runs.
+
+Everything binds to 127.0.0.1; everything is stopped (process groups, children included) when the block ends.
+The process environment is the stack's while the block runs, so code in the block (and every process it starts)
+sees the same settings.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import dagster as dg
+
+from jobs.source_reader import open_source
+from orchestration.pipelines import load_pipelines
+from orchestration.resources import resources_for
+from resources.bigquery_emulator import BigQueryEmulator, BigQueryEmulatorUnavailable, start_bigquery_emulator
+from resources.lake import LakeResource
+from resources.processes import stop_process_group
+from resources.pubsub_emulator import PubSubEmulator, start_pubsub_emulator
+from resources.settings import load_settings
+from resources.spark import build_spark_session
+from resources.spark_connect import SparkConnectServer, start_spark_connect_server
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class LocalStack:
+    workdir: Path
+    instance: dg.DagsterInstance
+    pubsub: PubSubEmulator
+    spark_remote: str
+    engines: list[SparkConnectServer]  # the engine it started, if any, as a list so a restart can replace it
+    bigquery: BigQueryEmulator | None
+    daemon: subprocess.Popen[bytes]
+
+    @property
+    def home(self) -> Path:
+        return self.workdir / "home"
+
+    @property
+    def lake(self) -> LakeResource:
+        return LakeResource(home=str(self.home))
+
+    def restart_engine(self) -> None:
+        """Stop the Spark engine and start a new one on the same port: runs using it fail, and are retried."""
+        if not self.engines:
+            raise RuntimeError("this stack uses an engine it did not start")
+        port = self.engines[0].port
+        self.engines[0].stop()
+        self.engines[0] = start_spark_connect_server(port=port)
+
+    def daemon_log(self, chars: int = 3000) -> str:
+        return (self.workdir / "daemon.log").read_text(errors="replace")[-chars:]
+
+
+@contextmanager
+def local_stack(
+    settings: dict[str, str],
+    prefix: str,
+    spark_remote: str | None = None,
+    keep: bool = False,
+    say: Callable[[str], None] = print,
+) -> Iterator[LocalStack]:
+    """Start the stack with `settings` (`ONCEFLOW_*` variables) on top of a clean environment; see the module
+    docstring. `spark_remote` is an engine to use instead of starting one; `keep` keeps the working directory."""
+    workdir = Path(tempfile.mkdtemp(prefix=prefix))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ONCEFLOW_", "SPARK_", "PUBSUB_", "BIGQUERY_"))}
+    env.update(settings, ONCEFLOW_HOME=str(workdir / "home"), DAGSTER_HOME=str(workdir / "dagster"))
+    Path(env["DAGSTER_HOME"]).mkdir(parents=True)
+    shutil.copyfile(PROJECT_ROOT / "dagster.yaml", Path(env["DAGSTER_HOME"]) / "dagster.yaml")
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    stops: list[Callable[[], None]] = []
+    try:
+        say("starting the Pub/Sub emulator, the Spark Connect engine and the BigQuery emulator")
+        pubsub = start_pubsub_emulator()
+        stops.append(pubsub.stop)
+        os.environ["PUBSUB_EMULATOR_HOST"] = pubsub.host
+        engines: list[SparkConnectServer] = []
+        if spark_remote is None:
+            engines.append(start_spark_connect_server())
+            spark_remote = engines[0].url
+            stops.append(lambda: engines[0].stop())
+            # Released while its engine is up: at exit, a client whose server is gone retries for ten minutes.
+            stops.append(build_spark_session(remote=spark_remote).stop)
+        os.environ["ONCEFLOW_SPARK_REMOTE"] = spark_remote
+        bigquery = _bigquery(settings, say)
+        if bigquery is not None:
+            stops.append(bigquery.stop)
+        resources = resources_for(load_settings())
+        for pipeline in load_pipelines(load_settings()):
+            open_source(pipeline, resources["lake"], resources["pubsub"].client).reader.ensure()
+        # The instance's SQLite storages are made now: two processes making them at once race on their tables.
+        instance = dg.DagsterInstance.get()
+        instance.get_runs(limit=1)
+        instance.all_instigator_state()
+        say("starting dagster-daemon: it runs the sensors and launches their runs")
+        with (workdir / "daemon.log").open("w") as log:
+            daemon = subprocess.Popen(
+                [str(Path(sys.executable).parent / "dagster-daemon"), "run", "-w", str(PROJECT_ROOT / "workspace.yaml")],
+                cwd=PROJECT_ROOT, env=dict(os.environ), start_new_session=True, stdout=log, stderr=subprocess.STDOUT,
+            )
+        stops.append(lambda: stop_process_group(daemon, (signal.SIGTERM, signal.SIGKILL), timeout_s=20))
+        yield LocalStack(workdir, instance, pubsub, spark_remote, engines, bigquery, daemon)
+    finally:
+        for stop in reversed(stops):
+            stop()
+        os.environ.clear()
+        os.environ.update(saved)
+        if not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _bigquery(settings: dict[str, str], say: Callable[[str], None]) -> BigQueryEmulator | None:
+    """The BigQuery emulator with the settings' dataset, when the settings name one and it can be set up."""
+    dataset = settings.get("ONCEFLOW_BIGQUERY_DATASET")
+    if not dataset:
+        return None
+    project = settings.get("ONCEFLOW_BIGQUERY_PROJECT", "onceflow-local")
+    try:
+        bigquery = start_bigquery_emulator(project=project)
+    except BigQueryEmulatorUnavailable as missing:
+        os.environ.pop("ONCEFLOW_BIGQUERY_DATASET")
+        say(f"BigQuery emulator unavailable ({missing}); publishing to files only")
+        return None
+    os.environ["BIGQUERY_EMULATOR_HOST"] = bigquery.endpoint
+    os.environ["ONCEFLOW_BIGQUERY_PROJECT"] = project
+    bigquery.client().create_dataset(dataset, exists_ok=True)
+    return bigquery

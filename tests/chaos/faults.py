@@ -1,0 +1,158 @@
+"""The faults the chaos harness injects, each the real thing: a process killed at a named crash point, a SIGKILL
+of a run's process tree at a random instant, two launches of one micro-batch at once, a backfill racing the
+sensors, the Spark engine restarted under running work, the checkpoints replaced by an older copy of themselves.
+
+Direct launches (`dagster job execute`, `dagster asset materialize`) race the daemon's sensors on the same
+instance, as an operator's would.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import dagster as dg
+
+from jobs.declaration import Pipeline
+from jobs.panes import CloseStore
+from orchestration.local_stack import PROJECT_ROOT, LocalStack
+from orchestration.runs import run_worker_pid
+from resources.faults import CRASH_EXIT_CODE, POINTS
+from resources.processes import kill_tree
+
+KINDS = ("crash_point", "sigkill", "double_launch", "backfill", "engine_restart", "checkpoint_rollback")
+WEIGHTS = (5, 4, 2, 2, 1, 1)
+DAGSTER = [sys.executable, "-m", "dagster"]
+LOCATION = ["-m", "orchestration.definitions"]
+
+
+@dataclass
+class FaultLog:
+    injected: Counter[str] = field(default_factory=Counter)
+    notes: list[str] = field(default_factory=list)
+
+    def note(self, kind: str, what: str) -> None:
+        self.injected[kind] += 1
+        self.notes.append(f"{time.strftime('%H:%M:%S')} {kind}: {what}")
+
+
+class FaultInjector(threading.Thread):
+    """Injects `count` faults, one every `spacing_s` seconds or so, chosen by a seeded random generator. Each
+    counts only when it really happened (a crash point reached, a process killed); a kind that cannot happen yet
+    (no closed window to backfill) is passed over for another."""
+
+    def __init__(self, stack: LocalStack, pipelines: list[Pipeline], count: int, spacing_s: float, seed: int):
+        super().__init__(daemon=True)
+        self.stack, self.pipelines, self.count, self.spacing_s = stack, pipelines, count, spacing_s
+        self.rng = random.Random(seed)
+        self.log = FaultLog()
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            injected = 0
+            while injected < self.count:
+                time.sleep(self.rng.uniform(0.5, 1.5) * self.spacing_s)
+                kind = self.rng.choices(KINDS, WEIGHTS)[0]
+                injected += bool(getattr(self, kind)())
+        except BaseException as error:  # reported by the harness, which then fails the run
+            self.error = error
+        finally:
+            self.done.set()
+
+    def _pipeline(self) -> Pipeline:
+        return self.rng.choice(self.pipelines)
+
+    def crash_point(self) -> bool:
+        """A direct launch with a random crash point armed; True once a process really died at it."""
+        for _ in range(3):
+            point, pipeline = self.rng.choice(sorted(POINTS)), self._pipeline()
+            if point.startswith(("window.", "commit.")):
+                output = self.rng.choice(pipeline.outputs)
+                closed = CloseStore(self.stack.lake.panes(), output.asset).windows(output.window_s)
+                if not closed:
+                    continue
+                # The window after the last closed one: when it is due, this run closes and publishes it.
+                args = ["asset", "materialize", *LOCATION, "--select", output.asset, "--partition",
+                        closed[-1].next().key]
+            else:
+                args = ["job", "execute", *LOCATION, "-j", f"ingest_{pipeline.name}"]
+            if point == "commit.after_step":
+                point += f"#{self.rng.randint(1, 3)}"
+            run = subprocess.run([*DAGSTER, *args], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300,
+                                 env={**_env(), "ONCEFLOW_CRASH_AT": point})
+            if run.returncode == CRASH_EXIT_CODE:
+                self.log.note("crash_point", f"{point} in `dagster {' '.join(args[:2])}` of {pipeline.name}")
+                return True
+        return False
+
+    def sigkill(self) -> bool:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            runs = self.stack.instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))
+            for run in runs:
+                worker = run_worker_pid(self.stack.instance, run.run_id)
+                if worker is not None:
+                    time.sleep(self.rng.uniform(0, 2))
+                    killed = kill_tree(worker)
+                    if killed:
+                        self.log.note("sigkill", f"run {run.run_id[:8]} ({run.job_name}), {len(killed)} processes")
+                        return True
+            time.sleep(0.5)
+        return False
+
+    def double_launch(self) -> bool:
+        pipeline = self._pipeline()
+        command = [*DAGSTER, "job", "execute", *LOCATION, "-j", f"ingest_{pipeline.name}"]
+        both = [subprocess.Popen(command, cwd=PROJECT_ROOT, env=_env(), stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL) for _ in range(2)]
+        codes = [p.wait(timeout=300) for p in both]
+        self.log.note("double_launch", f"two `ingest_{pipeline.name}` at once: exits {codes}")
+        return True
+
+    def backfill(self) -> bool:
+        pipeline = self._pipeline()
+        output = self.rng.choice(pipeline.outputs)
+        windows = CloseStore(self.stack.lake.panes(), output.asset).windows(output.window_s)
+        if len(windows) < 2:
+            return False
+        first, last = windows[0].key, windows[-1].key
+        run = subprocess.run([*DAGSTER, "asset", "materialize", *LOCATION, "--select", output.asset,
+                              "--partition-range", f"{first}...{last}"], cwd=PROJECT_ROOT, env=_env(),
+                             capture_output=True, text=True, timeout=300)
+        self.log.note("backfill", f"{output.asset} {first}...{last}: exit {run.returncode}")
+        return True
+
+    def engine_restart(self) -> bool:
+        self.stack.restart_engine()
+        self.log.note("engine_restart", "Spark Connect engine stopped and started again")
+        return True
+
+    def checkpoint_rollback(self) -> bool:
+        checkpoints = self.stack.home / "checkpoints"
+        copy = self.stack.workdir / "checkpoints-copy"
+        if not checkpoints.exists():
+            return False
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(checkpoints, copy)
+        time.sleep(self.rng.uniform(5, 15))  # batches go on committing meanwhile
+        shutil.rmtree(checkpoints, ignore_errors=True)
+        shutil.copytree(copy, checkpoints, dirs_exist_ok=True)
+        self.log.note("checkpoint_rollback", "checkpoints replaced by a copy taken seconds before")
+        return True
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    for inherited in ("ONCEFLOW_CRASH_AT", "SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE"):
+        env.pop(inherited, None)
+    return env
+

@@ -1,0 +1,222 @@
+"""The chaos harness: one continuous workload, many overlapping faults, then an exact account.
+
+Two pipelines (`tests.chaos.pipelines`) read Pub/Sub (the emulator) under a short ack deadline (redeliveries),
+fed by publishers with retries, out-of-order, late and malformed records, while the real sensors on a real
+`dagster-daemon` drive them and `tests.chaos.faults` injects K faults racing them. When the traffic and the faults
+are over and everything has settled, the end state is read with independent readers and compared with what was
+sent: raw and dead letters with delta-rs against the publishers' own records, every window against its pinned
+input and its published files (`onceflow verify`'s reconciliation), BigQuery against the window table.
+
+    python -m tests.chaos.harness --iterations 30 [--seed N]      # what `make chaos` runs
+
+prints one summary line (faults by kind, records published, `lost 0, duplicated 0`, the seed); a failing seed
+replays with `--seed`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import dagster as dg
+from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
+
+from jobs.commit_steps import sequence_id
+from jobs.declaration import BigQuerySink
+from jobs.panes import CloseStore, Window
+from jobs.reconcile import canonical_row, render
+from orchestration.local_stack import LocalStack, local_stack
+from orchestration.pipelines import load_pipelines
+from orchestration.resources import resources_for
+from orchestration.status import reconcile_pipeline
+from orchestration.workload import Publisher
+from resources.commit_store import DONE, CommitStore
+from resources.settings import load_settings
+from resources.spark import build_spark_session
+from tests.chaos.faults import FaultInjector
+from tests.chaos.workload import OrderPublisher
+from tests.delta_reader import read_rows
+
+SETTINGS = {
+    "ONCEFLOW_PIPELINES": "tests.chaos.pipelines",
+    "ONCEFLOW_PUBSUB_PROJECT": "onceflow-chaos",
+    "ONCEFLOW_MAX_MESSAGES": "500",
+    "ONCEFLOW_MAX_SECONDS": "2",
+    "ONCEFLOW_ACK_DEADLINE_S": "10",  # short leases: redeliveries
+    "ONCEFLOW_ALLOWED_LATENESS_S": "10",
+    "ONCEFLOW_WATERMARK_BAND_S": "5",
+    "ONCEFLOW_WATERMARK_IDLE_S": "10",
+    "ONCEFLOW_IDLE_TICK_S": "5",
+    "ONCEFLOW_BIGQUERY_DATASET": "onceflow_chaos",
+}
+
+
+@dataclass
+class ChaosReport:
+    seed: int
+    faults: Counter[str]
+    published: int = 0
+    records: int = 0
+    malformed: int = 0
+    lost: list[str] = field(default_factory=list)
+    duplicated: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not (self.lost or self.duplicated or self.problems)
+
+    def summary(self) -> str:
+        kinds = ", ".join(f"{k} {n}" for k, n in sorted(self.faults.items())) or "none"
+        return (f"chaos seed {self.seed}: {sum(self.faults.values())} faults ({kinds}); {self.published} messages "
+                f"published ({self.records} records, {self.malformed} malformed) over 2 pipelines; "
+                f"lost {len(self.lost)}, duplicated {len(self.duplicated)}; {len(self.problems)} other problems; "
+                f"{self.elapsed_s:.0f}s")
+
+
+def run_chaos(iterations: int, seed: int, publish_s: float = 60.0, settle_s: float = 600.0) -> ChaosReport:
+    started = time.monotonic()
+    # The working directory (instance, lake, logs) is kept for inspection; removed when the run held.
+    with local_stack(SETTINGS, "onceflow-chaos-", keep=True, say=_say) as stack:
+        workdir = stack.workdir
+        settings = load_settings()
+        pipelines = load_pipelines(settings)
+        client = resources_for(settings)["pubsub"].client()
+        closes = CloseStore(stack.lake.panes(), "event_counts")
+
+        def first_closed() -> str | None:
+            windows = closes.windows(60)
+            return windows[0].key if windows else None
+
+        events = Publisher(client, "onceflow-events", publish_s, rate=10, first_closed=first_closed, seed=seed)
+        orders = OrderPublisher(client, publish_s, rate=4, seed=seed)
+        faults = FaultInjector(stack, pipelines, iterations, spacing_s=publish_s / max(iterations, 1), seed=seed)
+        for thread in (events, orders, faults):
+            thread.start()
+        _say(f"seed {seed}: publishing for {publish_s:.0f}s while {iterations} faults are injected")
+        _settle(stack, pipelines, (events, orders, faults), settle_s)
+        for thread in (events, orders, faults):
+            if thread.error is not None:
+                raise thread.error
+        report = ChaosReport(seed, faults.log.injected, events.expected.messages + orders.sent.messages)
+        for note in faults.log.notes:
+            print(f"  {note}", flush=True)
+        _account(stack, pipelines, report, {
+            "events": (events.expected.valid_ids, events.expected.malformed_ids),
+            "orders": (orders.sent.valid_ids, orders.sent.malformed_ids),
+        })
+    report.elapsed_s = time.monotonic() - started
+    if report.ok:
+        shutil.rmtree(workdir, ignore_errors=True)
+    else:
+        report.problems.append(f"kept for inspection: {workdir}")
+    return report
+
+
+def _settle(stack: LocalStack, pipelines: list, threads: tuple, timeout_s: float) -> None:
+    """Wait until the traffic and the faults are over and everything is committed and published."""
+    for thread in threads:
+        thread.done.wait()
+    _say("traffic and faults over; waiting for every window to close and publish")
+    client = resources_for(load_settings())["pubsub"].client()
+    commits = CommitStore(stack.lake.commits())
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if stack.daemon.poll() is not None:
+            raise RuntimeError(f"dagster-daemon exited:\n{stack.daemon_log()}")
+        waiting = [p.name for p in pipelines if client.has_messages(p.source.subscription, timeout_s=1.0)]
+        busy = stack.instance.get_runs(filters=dg.RunsFilter(statuses=[
+            dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED]))
+        unpublished = _unpublished(stack, pipelines, commits)
+        if not waiting and not busy and not unpublished and not commits.unfinished():
+            return
+        _say(f"settling: messages waiting in {waiting or 'none'}, {len(busy)} runs, "
+             f"{len(unpublished)} windows not published, {len(commits.unfinished())} commit sequences pending")
+        time.sleep(10)
+    raise TimeoutError(f"did not settle within {timeout_s:.0f}s")
+
+
+def _unpublished(stack: LocalStack, pipelines: list, commits: CommitStore) -> list[str]:
+    """Windows holding raw rows whose final pane is not published (closed, committed, sequence done)."""
+    missing = []
+    for pipeline in pipelines:
+        raw = stack.lake.table_path(pipeline.raw_table)
+        try:
+            times = {t for (t,) in read_rows(raw, ["event_time"])}
+        except TableNotFoundError:  # nothing ingested yet: nothing to publish
+            continue
+        for output in pipeline.outputs:
+            closes = CloseStore(stack.lake.panes(), output.asset)
+            for window in {Window.at(int(t.timestamp() * 1000), output.window_s) for t in times}:
+                close = closes.latest(window)
+                seq = close and sequence_id(output.asset, window.key, close.pane)
+                if not seq or commits.get(seq) is None or commits.state(seq).status != DONE:
+                    missing.append(f"{output.asset} {window.key}")
+    return missing
+
+
+def _account(stack: LocalStack, pipelines: list, report: ChaosReport, sent: dict) -> None:
+    """Compare the end state with what was sent, with independent readers."""
+    spark = build_spark_session(remote=stack.spark_remote)
+    for pipeline in pipelines:
+        valid, malformed = sent[pipeline.name]
+        report.records += len(valid)
+        report.malformed += len(malformed)
+        raw = [r[0] for r in read_rows(stack.lake.table_path(pipeline.raw_table), ["record_id"])]
+        dead = [r[0] for r in read_rows(stack.lake.table_path(pipeline.dead_letter_table), ["record_id"])]
+        report.lost += sorted(f"{pipeline.name}:{i}" for i in (valid - set(raw)) | (malformed - set(dead)))
+        report.duplicated += sorted(f"{pipeline.name}:{i}" for i, n in (Counter(raw) + Counter(dead)).items() if n > 1)
+        report.problems += [f"{pipeline.name}: unexpected record {i}" for i in (set(raw) - valid) | (set(dead) - malformed)]
+        report.problems += _bigquery_differences(stack, pipeline)
+        source, outputs = reconcile_pipeline(spark, pipeline, stack.lake)
+        if not source.ok:
+            report.problems.append(f"{pipeline.name}: reconciliation {source}")
+        for asset, rows in outputs.items():
+            print(f"{pipeline.name} {asset}\n{render(rows)}", flush=True)
+            report.problems += [f"{asset} {r.window}: does not reconcile ({r})" for r in rows if not r.ok]
+
+
+def _bigquery_differences(stack: LocalStack, pipeline) -> list[str]:
+    """BigQuery (the emulator) holds, per output it is a sink of, exactly the window table's rows."""
+    if stack.bigquery is None:
+        return []
+    client, problems = stack.bigquery.client(), []
+    for output in pipeline.outputs:
+        sink = next((s for s in output.sinks if isinstance(s, BigQuerySink)), None)
+        if sink is None:
+            continue
+        table = f"{client.project}.{sink.dataset}.{sink.table}"
+        published = sorted(canonical_row(dict(row.items())) for row in client.query_and_wait(f"SELECT * FROM `{table}`"))
+        held = sorted(canonical_row(r) for r in DeltaTable(stack.lake.table_path(output.table)).to_pyarrow_table().to_pylist())
+        if published != held:
+            problems.append(f"{table}: BigQuery holds {len(published)} rows, the window table {len(held)}, or they differ")
+    return problems
+
+
+def _say(message: str) -> None:
+    print(f"[chaos {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--iterations", type=int, default=30)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--publish-s", type=float, default=None)
+    args = parser.parse_args(argv)
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10**6)
+    report = run_chaos(args.iterations, seed, publish_s=args.publish_s or max(60.0, 8.0 * args.iterations))
+    for problem in report.problems[:20]:
+        print(f"  problem: {problem}")
+    print(report.summary(), flush=True)
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
