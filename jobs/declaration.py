@@ -22,7 +22,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
 from jobs.durations import check_window_size, parse_duration
-from jobs.schema import SchemaError, bigquery_type, parse_schema
+from jobs.schema import SchemaError, parse_schema
 
 DELIVERY_MODES = ("exactly_once", "at_least_once")
 LATE_POLICIES = ("drop", "refire")
@@ -32,7 +32,7 @@ RAW_BOOKKEEPING = ("record_id", "event_time", "payload", "source_position", "pub
 WINDOW_BOOKKEEPING = ("window_start", "window_end", "raw_version", "pane", "timing")
 """Columns onceflow adds to a window table; a transform cannot output these names."""
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PUBSUB_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9._~%+-]{2,254}$")
 _BIGQUERY_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,1023}$")
 
@@ -268,7 +268,7 @@ def _check_source(source: Source, fail: Callable[[str, str], None]) -> None:
     else:
         for name in ("timestamp_field", "id_field"):
             value = getattr(source, name)
-            if value is not None and (not isinstance(value, str) or not _IDENTIFIER.match(value)):
+            if value is not None and (not isinstance(value, str) or not IDENTIFIER.match(value)):
                 fail(f"source.{name}", f"{value!r}: use letters, digits and '_'")
         _duration(source.out_of_orderness, "source.out_of_orderness", fail)
     for name in ("max_messages", "max_files", "max_seconds"):
@@ -290,7 +290,7 @@ def _check_output(o: WindowedOutput, where: str, fail: Callable[[str, str], None
     if not callable(o.transform):
         fail(f"{where}.transform", f"{o.transform!r} is not a function of a DataFrame")
     for key in o.keys:
-        if not isinstance(key, str) or not _IDENTIFIER.match(key):
+        if not isinstance(key, str) or not IDENTIFIER.match(key):
             fail(f"{where}.keys", f"{key!r} is not a column name")
         if key in WINDOW_BOOKKEEPING:
             fail(f"{where}.keys", f"{key!r} is a column onceflow adds itself")
@@ -305,26 +305,3 @@ def _check_output(o: WindowedOutput, where: str, fail: Callable[[str, str], None
                 value = getattr(sink, name)
                 if value is not None and (not isinstance(value, str) or not _BIGQUERY_NAME.match(value)):
                     fail(f"{where}.sinks[{index}].{name}", f"{value!r} is not a BigQuery name")
-
-
-def check_transform_output(pipeline: Pipeline, output: WindowedOutput, columns: T.StructType) -> None:
-    """Check what `output.transform` returns (its analysed schema) against the declaration."""
-
-    def fail(problem: str) -> None:
-        raise DeclarationError(f"pipeline {pipeline.name!r}: output {output.asset!r}: {problem}")
-
-    names = [f.name for f in columns]
-    for key in output.keys:
-        if key not in names:
-            fail(f"key {key!r} is not a column of the transform's output ({', '.join(names) or 'none'})")
-    for name in names:
-        if name in WINDOW_BOOKKEEPING:
-            fail(f"the transform outputs {name!r}, a column onceflow adds itself")
-        if not _IDENTIFIER.match(name):
-            fail(f"output column {name!r}: name it with letters, digits and '_' (use .alias)")
-    if output.sinks:
-        for f in columns:
-            try:
-                bigquery_type(f.dataType)
-            except ValueError as error:
-                fail(f"output column {f.name!r}: {error}")

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from jobs.commit_step import CommitContext
 from jobs.commit_steps import CommitResult, run_sequence
 from jobs.declaration import BigQuerySink, FileSink, WindowedOutput
+from jobs.panes import Window
 from jobs.publish import BigQueryTarget, publish_pane
 from jobs.schema import bigquery_type
-from jobs.windows import WindowResult, pane_rows
+from jobs.windows import WindowResult
 
 
 @dataclass(frozen=True)
@@ -90,3 +92,18 @@ def publish_closed(
         )
         outcomes[result.window.key] = run_sequence(ctx, published.sequence.id, run_id, root_run_id)
     return outcomes
+
+
+def pane_rows(spark: SparkSession, windows_path: str, window: Window, pane: int) -> pa.Table:
+    """The rows of `window` in the window table, which must hold pane `pane` (or nothing: an empty pane).
+
+    Raises `RuntimeError` if the table holds another pane of the window, e.g. a newer one merged by a concurrent
+    run: publishing reads exactly the pane it was asked to publish.
+    """
+    table = spark.sql(
+        f"SELECT * FROM delta.`{windows_path}` WHERE window_start = timestamp_millis({window.start_ms})"
+    ).toArrow()
+    found = set(table.column("pane").to_pylist())
+    if found - {pane}:
+        raise RuntimeError(f"window {window.key} holds panes {sorted(found)} in {windows_path}, not pane {pane}")
+    return table

@@ -17,7 +17,6 @@ import time
 import uuid
 from dataclasses import dataclass
 
-import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -302,18 +301,3 @@ def _check_output(
             f"{output.asset}: the transform now returns {found}, but {windows_path} holds {wanted}; "
             "declare a new asset (or migrate the table) to change an output's columns"
         )
-
-
-def pane_rows(spark: SparkSession, windows_path: str, window: Window, pane: int) -> pa.Table:
-    """The rows of `window` in the window table, which must hold pane `pane` (or nothing: an empty pane).
-
-    Raises `RuntimeError` if the table holds another pane of the window, e.g. a newer one merged by a concurrent
-    run: publishing reads exactly the pane it was asked to publish.
-    """
-    table = spark.sql(
-        f"SELECT * FROM delta.`{windows_path}` WHERE window_start = timestamp_millis({window.start_ms})"
-    ).toArrow()
-    found = set(table.column("pane").to_pylist())
-    if found - {pane}:
-        raise RuntimeError(f"window {window.key} holds panes {sorted(found)} in {windows_path}, not pane {pane}")
-    return table

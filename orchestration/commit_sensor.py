@@ -89,6 +89,7 @@ def build_commit_sensor(assets: list[str]) -> dg.SensorDefinition:
 
     @dg.sensor(
         name="commit_sensor",
+        job_name=FINALIZE_JOB,
         minimum_interval_seconds=10,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description="Finishes commit sequences left unfinished; quarantines those that use up their attempts.",

@@ -115,7 +115,28 @@ class Expected:
         return per_key
 
 
-class Publisher(threading.Thread):
+class Worker(threading.Thread):
+    """A daemon thread doing `work`; `done` is set however it ends and `error` holds what it raised, for the
+    driver to report."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.work()
+        except BaseException as error:  # reported by the driver
+            self.error = error
+        finally:
+            self.done.set()
+
+    def work(self) -> None:
+        raise NotImplementedError
+
+
+class Publisher(Worker):
     """Publishes `rate` events a second for `duration_s` with event times near now, publisher retries, malformed
     messages, and, once the first window has closed, late events into it."""
 
@@ -126,27 +147,17 @@ class Publisher(threading.Thread):
     def __init__(
         self, client, topic: str, duration_s: float, rate: int, first_closed: Callable[[], str | None], seed: int = 42
     ):
-        super().__init__(daemon=True)
+        super().__init__()
         self.client, self.topic, self.duration_s, self.rate, self.seed = client, topic, duration_s, rate, seed
         self.first_closed = first_closed
         self.expected = Expected()
-        self.done = threading.Event()
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            self._publish()
-        except BaseException as error:  # reported by the driver, which then fails the demo
-            self.error = error
-        finally:
-            self.done.set()
 
     def _send(self, messages: list[tuple[bytes, dict[str, str]]]) -> None:
         if messages:
             self.client.publish(self.topic, messages)
             self.expected.messages += len(messages)
 
-    def _publish(self) -> None:
+    def work(self) -> None:
         rng = random.Random(self.seed)
         start = time.time()
         seq, late_done, retry_pool = 0, False, []

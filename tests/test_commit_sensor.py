@@ -68,8 +68,12 @@ def target(bigquery_client: bigquery.Client, monkeypatch: pytest.MonkeyPatch) ->
 
 
 def dagster_instance(tmp_path: Path, overrides: dict) -> Iterator[dg.DagsterInstance]:
+    """The settings are also written to the instance's dagster.yaml: processes launched on it (`launch`) load them,
+    so a run they fail is marked for retry exactly as the daemon's instance would mark it."""
+    settings = {**LAUNCH_NOW, **overrides}
     (tmp_path / "dagster").mkdir()
-    with dg.instance_for_test(overrides={**LAUNCH_NOW, **overrides}, temp_dir=str(tmp_path / "dagster")) as inst:
+    (tmp_path / "dagster" / "dagster.yaml").write_text(json.dumps(settings))  # JSON is YAML
+    with dg.instance_for_test(overrides=settings, temp_dir=str(tmp_path / "dagster")) as inst:
         yield inst
 
 
@@ -84,14 +88,13 @@ def retrying_instance(tmp_path: Path) -> Iterator[dg.DagsterInstance]:
     yield from dagster_instance(tmp_path, RETRIES)
 
 
-def evaluate(instance: dg.DagsterInstance, home: Path, cursor: str | None = None) -> dg.SensorResult:
+def evaluate(instance: dg.DagsterInstance, home: Path, cursor: str | None = None):
+    """One tick as the daemon evaluates it, run requests resolved against the sensor's target."""
     from resources.lake import LakeResource
 
     sensor = build_commit_sensor([ASSET])
     context = dg.build_sensor_context(instance=instance, cursor=cursor, resources={"lake": LakeResource(home=str(home))})
-    result = sensor(context)
-    assert isinstance(result, dg.SensorResult)
-    return result
+    return sensor.evaluate_tick(context)
 
 
 def execute(instance: dg.DagsterInstance, request: dg.RunRequest) -> dg.ExecuteInProcessResult:
@@ -99,6 +102,25 @@ def execute(instance: dg.DagsterInstance, request: dg.RunRequest) -> dg.ExecuteI
     job = build_definitions().get_job_def(FINALIZE_JOB)
     tags = {**request.tags, "dagster/run_key": request.run_key or ""}
     return job.execute_in_process(run_config=request.run_config, instance=instance, tags=tags, raise_on_error=False)
+
+
+def retried_by_dagster(instance: dg.DagsterInstance, failed: dg.DagsterRun) -> dg.DagsterRun:
+    """What Dagster's retry daemon does with a failed run marked for retry (its own `retry_run`): a re-execution
+    from failure launched in the workspace's code location; wait until it finished."""
+    from dagster._core.workspace.context import WorkspaceProcessContext
+    from dagster._core.workspace.load_target import WorkspaceFileTarget
+    from dagster._daemon.auto_run_reexecution.auto_run_reexecution import retry_run
+
+    with WorkspaceProcessContext(instance, WorkspaceFileTarget([str(REPO / "workspace.yaml")])) as workspace:
+        retry_run(instance.get_run_by_id(failed.run_id), workspace)
+        retry_id = instance.get_run_by_id(failed.run_id).tags["dagster/auto_retry_run_id"]
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            retry = instance.get_run_by_id(retry_id)
+            if retry.is_finished:
+                return retry
+            time.sleep(0.5)
+    raise AssertionError(f"Dagster's retry {retry_id} of {failed.run_id} did not finish")
 
 
 def launch(
@@ -251,10 +273,6 @@ def test_two_finalize_runs_of_one_sequence_at_once_publish_exactly_once(
     assert not evaluate(instance, home).run_requests
 
 
-def finalize_job() -> dg.JobDefinition:
-    return build_definitions().get_job_def(FINALIZE_JOB)
-
-
 def test_retries_of_a_run_by_dagster_are_one_attempt_lineage(
     home: Path, target: BigQueryTarget, bigquery_client: bigquery.Client, retrying_instance: dg.DagsterInstance
 ) -> None:
@@ -264,30 +282,23 @@ def test_retries_of_a_run_by_dagster_are_one_attempt_lineage(
     assert isinstance(first, FileFinalize)
     aside, temp = move_aside(home, first)
     request = only_request(evaluate(instance, home))
-    failed = execute(instance, request)
-    assert not failed.success
-    run = instance.get_run_by_id(failed.run_id)
-    assert run is not None and run.tags.get("dagster/will_retry") == "true"
+    assert request.run_config == finalize_run_config(sequence.id)
+    # Launched through a code location, as the daemon launches it: Dagster can retry only such a run.
+    [failed] = launch(instance, home, sequence.id)
+    assert failed.status == dg.DagsterRunStatus.FAILURE
+    assert failed.tags.get("dagster/will_retry") == "true"
     result = evaluate(instance, home)
     assert not result.run_requests  # Dagster will retry the run: not a final failure, no new lineage
 
-    # Dagster's retries: re-executions from failure, in the failed run's group (same root run id).
-    parent = failed.run_id
+    # Dagster's retries, by the retry daemon's own code: re-executions from failure in the failed run's group.
+    parent = failed
     for retry_number in (1, 2):
         if retry_number == 2:
             aside.rename(temp)  # the cause goes away before the second retry
-        with dg.execute_job(
-            dg.reconstructable(finalize_job),
-            instance,
-            run_config=request.run_config,
-            tags={**request.tags, "dagster/retry_number": str(retry_number)},
-            reexecution_options=dg.ReexecutionOptions.from_failure(parent, instance),
-        ) as retried:
-            assert retried.success == (retry_number == 2)
-            parent = retried.run_id
-        if retry_number == 1:
-            instance.add_run_tags(failed.run_id, {"dagster/auto_retry_run_id": parent})  # as the daemon does
-            assert not evaluate(instance, home).run_requests
+        parent = retried_by_dagster(instance, parent)
+        assert parent.tags.get("dagster/retry_number") == str(retry_number)
+        assert (parent.status == dg.DagsterRunStatus.SUCCESS) == (retry_number == 2)
+        assert not evaluate(instance, home).run_requests
 
     state = commit_store(home).state(sequence.id)
     assert state.status == DONE

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 from pyspark.sql import types as T
 
-from jobs.declaration import check_transform_output
 from jobs.durations import check_window_size, parse_duration, window_cron
 from jobs.schema import SchemaError, bigquery_type, parse_schema
 from orchestration.api import (
@@ -22,6 +21,7 @@ from orchestration.api import (
     WindowedOutput,
 )
 from orchestration.pipelines import load_pipelines
+from orchestration.pipelines.transform_check import check_transform_output
 from resources.settings import SettingsError, load_settings
 
 

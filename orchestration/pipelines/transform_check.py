@@ -18,7 +18,8 @@ from collections.abc import Callable
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
-from jobs.declaration import DeclarationError, Pipeline, WindowedOutput, check_transform_output
+from jobs.declaration import IDENTIFIER, WINDOW_BOOKKEEPING, DeclarationError, Pipeline, WindowedOutput
+from jobs.schema import bigquery_type
 from jobs.windows import transform_output
 from resources.object_store import ObjectStore
 
@@ -52,3 +53,26 @@ def check_transforms(pipelines: list[Pipeline], spark: Callable[[], SparkSession
             check_transform_output(pipeline, output, columns)
             if key and cached is None:
                 cache.write(f"{key}.json", json.dumps(columns.jsonValue()).encode())
+
+
+def check_transform_output(pipeline: Pipeline, output: WindowedOutput, columns: T.StructType) -> None:
+    """Check what `output.transform` returns (its analysed schema) against the declaration."""
+
+    def fail(problem: str) -> None:
+        raise DeclarationError(f"pipeline {pipeline.name!r}: output {output.asset!r}: {problem}")
+
+    names = [f.name for f in columns]
+    for key in output.keys:
+        if key not in names:
+            fail(f"key {key!r} is not a column of the transform's output ({', '.join(names) or 'none'})")
+    for name in names:
+        if name in WINDOW_BOOKKEEPING:
+            fail(f"the transform outputs {name!r}, a column onceflow adds itself")
+        if not IDENTIFIER.match(name):
+            fail(f"output column {name!r}: name it with letters, digits and '_' (use .alias)")
+    if output.sinks:
+        for f in columns:
+            try:
+                bigquery_type(f.dataType)
+            except ValueError as error:
+                fail(f"output column {f.name!r}: {error}")

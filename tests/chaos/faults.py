@@ -13,7 +13,6 @@ import random
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from jobs.declaration import Pipeline
 from jobs.panes import CloseStore
 from orchestration.local_stack import PROJECT_ROOT, LocalStack
 from orchestration.runs import run_worker_pid
+from orchestration.workload import Worker
 from resources.faults import CRASH_EXIT_CODE, POINTS
 from resources.processes import kill_tree
 
@@ -43,30 +43,23 @@ class FaultLog:
         self.notes.append(f"{time.strftime('%H:%M:%S')} {kind}: {what}")
 
 
-class FaultInjector(threading.Thread):
+class FaultInjector(Worker):
     """Injects `count` faults, one every `spacing_s` seconds or so, chosen by a seeded random generator. Each
     counts only when it really happened (a crash point reached, a process killed); a kind that cannot happen yet
     (no closed window to backfill) is passed over for another."""
 
     def __init__(self, stack: LocalStack, pipelines: list[Pipeline], count: int, spacing_s: float, seed: int):
-        super().__init__(daemon=True)
+        super().__init__()
         self.stack, self.pipelines, self.count, self.spacing_s = stack, pipelines, count, spacing_s
         self.rng = random.Random(seed)
         self.log = FaultLog()
-        self.done = threading.Event()
-        self.error: BaseException | None = None
 
-    def run(self) -> None:
-        try:
-            injected = 0
-            while injected < self.count:
-                time.sleep(self.rng.uniform(0.5, 1.5) * self.spacing_s)
-                kind = self.rng.choices(KINDS, WEIGHTS)[0]
-                injected += bool(getattr(self, kind)())
-        except BaseException as error:  # reported by the harness, which then fails the run
-            self.error = error
-        finally:
-            self.done.set()
+    def work(self) -> None:
+        injected = 0
+        while injected < self.count:
+            time.sleep(self.rng.uniform(0.5, 1.5) * self.spacing_s)
+            kind = self.rng.choices(KINDS, WEIGHTS)[0]
+            injected += bool(getattr(self, kind)())
 
     def _pipeline(self) -> Pipeline:
         return self.rng.choice(self.pipelines)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import random
-import threading
 import time
 from dataclasses import dataclass, field
 
+from orchestration.workload import Worker
 from resources.pubsub import PubSubClient
 
 MALFORMED_ORDERS = [
@@ -26,23 +26,13 @@ class Sent:
     messages: int = 0
 
 
-class OrderPublisher(threading.Thread):
+class OrderPublisher(Worker):
     def __init__(self, client: PubSubClient, duration_s: float, rate: int, seed: int) -> None:
-        super().__init__(daemon=True)
+        super().__init__()
         self.client, self.duration_s, self.rate, self.rng = client, duration_s, rate, random.Random(seed)
         self.sent = Sent()
-        self.done = threading.Event()
-        self.error: BaseException | None = None
 
-    def run(self) -> None:
-        try:
-            self._publish()
-        except BaseException as error:  # reported by the harness, which then fails the run
-            self.error = error
-        finally:
-            self.done.set()
-
-    def _publish(self) -> None:
+    def work(self) -> None:
         start, seq, recent = time.time(), 0, []
         while time.time() - start < self.duration_s:
             tick = time.time()
