@@ -4,6 +4,7 @@ published files are wrong — not only when nothing is wrong."""
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -23,19 +24,21 @@ from tests.pipelines import drain
 from tests.test_windows import file_pipeline, write_events
 
 
-@pytest.fixture
-def verified(spark: SparkSession, tmp_path: Path, home: Path):
-    """Events over files, with retries and bad lines, two windows closed and published: verify passes."""
+@pytest.fixture(scope="module")
+def built(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory):
+    """Events over files, with retries and bad lines, two windows closed and published: verify passes. Built once;
+    each test gets its own copy to damage."""
+    root = tmp_path_factory.mktemp("verify")
     base = (int(time.time() * 1000) - 3_600_000) // 60_000 * 60_000
     events = [Event(f"v{i}", base + i * 3_000, f"k{i % 3}", i) for i in range(40)]
     closer = Event("closer", base + 5 * 60_000, "k0", 1)
     lines = [e.json_line() for e in [*events, *events[:5], closer]]
     lines += [json.dumps({"event_id": f"bad-{i}", "event_time": base + 1000, "key": 5, "value": 1}) for i in range(3)]
-    write_events(tmp_path / "in" / "1.jsonl", [])
-    (tmp_path / "in" / "1.jsonl").write_text("".join(f"{line}\n" for line in lines))
-    pipeline = file_pipeline(tmp_path / "in")
+    write_events(root / "in" / "1.jsonl", [])
+    (root / "in" / "1.jsonl").write_text("".join(f"{line}\n" for line in lines))
+    pipeline = file_pipeline(root / "in")
     output = pipeline.outputs[0]
-    lake = LakeResource(home=str(home))
+    lake = LakeResource(home=str(root / "home"))
     source = open_source(pipeline, lake)
     drain(lambda: spark, source)
     windows = [Window(base, base + 60_000), Window(base + 60_000, base + 120_000)]
@@ -44,8 +47,17 @@ def verified(spark: SparkSession, tmp_path: Path, home: Path):
     sinks = output_sinks(output, lake.sink_root(), lake.staging_root(), None)
     publish_closed(spark, CommitContext(CommitStore(lake.commits())), output, sinks, lake.table_path(output.table),
                    results, "run", "run")
+    return pipeline, root / "home", windows
+
+
+@pytest.fixture
+def verified(built, spark: SparkSession, home: Path):
+    """A copy of the built home (tables, checkpoints, panes, commits, published files) that verify passes on."""
+    pipeline, built_home, windows = built
+    shutil.copytree(built_home, home, dirs_exist_ok=True)
+    lake = LakeResource(home=str(home))
     assert verify(spark, [pipeline], lake)
-    return pipeline, lake, source, windows
+    return pipeline, lake, open_source(pipeline, lake), windows
 
 
 def test_verify_passes_on_an_exact_result_and_names_what_it_checked(verified, spark, capsys) -> None:
@@ -63,6 +75,14 @@ def test_verify_fails_on_a_record_twice_in_raw(verified, spark, capsys) -> None:
     spark.sql(f"INSERT INTO delta.`{source.raw_path}` SELECT * FROM delta.`{source.raw_path}` WHERE record_id = 'v3'")
     assert not verify(spark, [pipeline], lake)
     assert "1 record IDs twice in raw: v3" in capsys.readouterr().out
+
+
+def test_verify_fails_on_a_record_lost_from_raw(verified, spark, capsys) -> None:
+    pipeline, lake, source, windows = verified
+    spark.sql(f"DELETE FROM delta.`{source.raw_path}` WHERE record_id = 'v25'")  # in the second window
+    assert not verify(spark, [pipeline], lake)
+    out = capsys.readouterr().out
+    assert f"MISMATCH in {windows[1].key}" in out and "1 record IDs lost (landed, held nowhere): v25" in out
 
 
 def test_verify_fails_on_a_dead_letter_twice(verified, spark, capsys) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import random
 import shutil
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -112,6 +113,7 @@ def run_chaos(iterations: int, seed: int, publish_s: float = 60.0, settle_s: flo
             "events": (events.expected.valid_ids, events.expected.malformed_ids),
             "orders": (orders.sent.valid_ids, orders.sent.malformed_ids),
         })
+        report.problems += _operator_views(pipelines)
     report.elapsed_s = time.monotonic() - started
     if report.ok:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -181,6 +183,23 @@ def _account(stack: LocalStack, pipelines: list, report: ChaosReport, sent: dict
         for asset, rows in outputs.items():
             print(f"{pipeline.name} {asset}\n{render(rows)}", flush=True)
             report.problems += [f"{asset} {r.window}: does not reconcile ({r})" for r in rows if not r.ok]
+
+
+def _operator_views(pipelines: list) -> list[str]:
+    """What an operator runs afterwards says the same: `onceflow verify` holds for every pipeline, `onceflow
+    status` shows no commit sequence pending or quarantined."""
+    problems = []
+    for command, expected in (
+        ("verify", [f"{p.name}: exactly-once holds" for p in pipelines]),
+        ("status", ["commit sequences: 0 pending, 0 quarantined"]),
+    ):
+        done = subprocess.run([sys.executable, "-m", "orchestration.cli", command], capture_output=True, text=True,
+                              timeout=300)
+        missing = [line for line in expected if line not in done.stdout]
+        if done.returncode != 0 or missing:
+            problems.append(f"onceflow {command} exited {done.returncode}, without {missing}:\n{done.stdout[-3000:]}"
+                            f"{done.stderr[-2000:]}")
+    return problems
 
 
 def _bigquery_differences(stack: LocalStack, pipeline) -> list[str]:

@@ -20,7 +20,7 @@ def test_exactly_once_under_overlapping_faults() -> None:
     require(shutil.which("gcloud") is not None, "the Google Cloud CLI's Pub/Sub emulator")
     seed = int(os.environ.get("CHAOS_SEED") or random.SystemRandom().randrange(10**6))
     iterations = int(os.environ.get("CHAOS_ITERATIONS", "5"))
-    report = run_chaos(iterations, seed, publish_s=60.0)
+    report = run_chaos(iterations, seed, publish_s=40.0)
     print(report.summary())
     assert report.ok, "\n".join([report.summary(), *report.problems[:20], *report.lost[:20], *report.duplicated[:20]])
     assert sum(report.faults.values()) >= 1 and report.records > 0

@@ -83,7 +83,7 @@ def test_every_fuzzed_record_is_one_raw_row_or_one_dead_letter(
     client.publish(TOPIC, batch)
     client.publish(TOPIC, [huge])
 
-    results = drain(lambda: spark, source)  # raises if any batch failed
+    results = drain(lambda: spark, source, redelivery_wait_s=3)  # raises if any batch failed; a slow first pull waits
 
     raw = [r[0] for r in read_rows(source.raw_path, ["record_id"])]
     dead = read_rows(source.dead_letter_path, ["record_id", "reason", "detail"])
