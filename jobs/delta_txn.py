@@ -20,6 +20,7 @@ from typing import Any
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 _APP_ID = "spark.databricks.delta.write.txnAppId"
 _VERSION = "spark.databricks.delta.write.txnVersion"
@@ -59,6 +60,23 @@ def committed_batch(path: str, app_id: str) -> int | None:
         return None
 
 
+def committed_metadata(path: str, app_id: str, version: int) -> dict[str, Any] | None:
+    """The metadata the commit of `(app_id, version)` carried (see `delta_transaction`), read from the table's log
+    with delta-rs; None if the table holds no such commit (yet, or any more)."""
+    try:
+        history = DeltaTable(path).history()
+    except TableNotFoundError:
+        return None
+    for commit in history:
+        try:
+            metadata = json.loads(commit.get("userMetadata") or "{}")
+        except json.JSONDecodeError:
+            continue  # a commit made by someone else, with metadata of their own
+        if metadata.get("onceflow_source") == app_id and metadata.get("onceflow_batch") == version:
+            return metadata
+    return None
+
+
 @contextmanager
 def delta_transaction(spark: SparkSession, app_id: str, version: int, metadata: dict[str, Any]) -> Iterator[None]:
     """Run one Delta SQL command inside the block as the idempotent transaction `(app_id, version)`."""
@@ -95,15 +113,17 @@ def committed_metrics(spark: SparkSession, path: str, metadata: dict[str, Any], 
     A replayed batch writes nothing; its counts are those of the commit that did the work, so totals stay exact
     however many attempts a batch took.
     """
-    wanted = json.dumps(metadata, sort_keys=True)
+    source, batch = metadata["onceflow_source"], metadata["onceflow_batch"]
     rows = (
         spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT {lookback}")
-        .filter(f"userMetadata = '{wanted}'")
+        .filter((F.get_json_object("userMetadata", "$.onceflow_source") == F.lit(source))
+                & (F.get_json_object("userMetadata", "$.onceflow_batch") == F.lit(str(batch))))
         .select("operationMetrics")
         .collect()
     )
     if not rows:
-        raise RuntimeError(f"{path}: Delta skipped a transaction whose commit ({wanted}) is not in its history")
+        raise RuntimeError(f"{path}: Delta skipped batch {batch} of {source} as committed, but no commit of it is in "
+                           "the table's history")
     return dict(rows[0]["operationMetrics"])
 
 

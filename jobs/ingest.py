@@ -42,6 +42,7 @@ DEAD_LETTER_COLUMNS = """
     event_time TIMESTAMP, batch_id BIGINT, ingested_at TIMESTAMP
 """
 MERGE_TRIES = 3
+PLAN_KEY = "onceflow_plan"
 BUCKET_MS = 3_600_000
 """The raw table's time bucket (its partition column, `time_bucket`): whole hours since the epoch, the unit in
 which the dedup horizon prunes the MERGE. Epoch arithmetic, so no session time zone can shift it."""
@@ -133,7 +134,8 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
     pipeline = source.pipeline
     result = IngestResult(batch_id=plan.batch_id, landed=source.reader.landed_count(plan))
     ingested_at = F.timestamp_millis(F.lit(plan.planned_at_ms)).alias("ingested_at")
-    metadata = {"onceflow_source": source.app_id, "onceflow_batch": plan.batch_id}
+    # The plan travels in the commit: a checkpoint restored from an old copy loses plans, the lake keeps them.
+    metadata = {"onceflow_source": source.app_id, "onceflow_batch": plan.batch_id, PLAN_KEY: plan.to_dict()}
     contract = RecordContract.of(pipeline)
     classified = (
         classify(landed, contract, plan.planned_at_ms, plan.horizon_floor_ms)

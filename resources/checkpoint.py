@@ -45,14 +45,19 @@ class BatchPlan:
     landing_key: str | None = None
     files: tuple[FileEntry, ...] = ()
 
+    def to_dict(self) -> dict:
+        return asdict(self)
+
     def to_json(self) -> bytes:
-        return json.dumps(asdict(self), sort_keys=True).encode()
+        return json.dumps(self.to_dict(), sort_keys=True).encode()
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> BatchPlan:
+        return cls(**{**raw, "files": tuple(FileEntry(**f) for f in raw.get("files", ()))})
 
     @classmethod
     def from_json(cls, data: bytes) -> BatchPlan:
-        raw = json.loads(data)
-        raw["files"] = tuple(FileEntry(**f) for f in raw.get("files", ()))
-        return cls(**raw)
+        return cls.from_dict(json.loads(data))
 
 
 @dataclass

@@ -52,7 +52,8 @@ def spark_connect() -> Iterator[SparkConnectServer]:
 def spark(spark_connect: SparkConnectServer) -> Iterator[SparkSession]:
     session = build_spark_session(remote=spark_connect.url)
     yield session
-    session.stop()
+    if spark_connect.process.poll() is None:  # a client of a dead server retries its goodbye for minutes
+        session.stop()
 
 
 @pytest.fixture(scope="session")

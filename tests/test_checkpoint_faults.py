@@ -7,12 +7,14 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
 
 from jobs.micro_batch import run_micro_batch
+from jobs.reconcile import landed_records, reconcile_source
 from jobs.source_reader import open_source
 from orchestration.workload import expected_raw, make_events, publish_events
 from resources.checkpoint import EpochStore
@@ -23,7 +25,8 @@ from tests.pipelines import TOPIC, builtin, drain, events_pipeline, new_project,
 from tests.test_ingest_files import seed_files, write_jsonl
 
 RAW = ["record_id", "event_time", "key", "value"]
-START_MS = 1_763_720_000_000
+# An hour ago: inside the dedup horizon (1 d) below any watermark an idle source may reach meanwhile.
+START_MS = (int(time.time() * 1000) - 3_600_000) // 60_000 * 60_000
 
 
 def test_an_idle_run_overlapping_a_commit_never_moves_the_checkpoint_back(
@@ -88,6 +91,14 @@ def test_a_checkpoint_restored_from_an_old_copy_loses_nothing(
     (result,) = drain(lambda: spark, open_source(pipeline, LakeResource(home=str(home)), lambda: client))
     assert result.batch_id == 5 and result.inserted == 20 and result.realigned_from == 0
     assert read_rows(source.raw_path, RAW) == expected_raw(first + later + extra)
+
+    # The plans of batches 1-4 went with the checkpoints; each commit carries its own, so the records of every batch
+    # are still reconciled from their landed bytes.
+    source = open_source(pipeline, LakeResource(home=str(home)), lambda: client)
+    assert [source.checkpoints.get_plan(b) for b in range(1, 5)] == [None] * 4
+    landed = landed_records(source)
+    assert {r.record_id for r in landed} == {e.event_id for e in first + later + extra}
+    assert reconcile_source(source, landed).ok
 
 
 def test_a_reset_starts_a_new_epoch_with_a_new_app_id(
