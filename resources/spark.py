@@ -44,8 +44,12 @@ def build_spark_session(
     """
     if remote:
         session = SparkSession.builder.remote(remote).getOrCreate()
-        # A server's default zone is its own; windows and buckets are UTC whatever server this is.
-        session.conf.set("spark.sql.session.timeZone", "UTC")
+        try:
+            # A server's default zone is its own; windows and buckets are UTC whatever server this is.
+            session.conf.set("spark.sql.session.timeZone", "UTC")
+        except Exception:  # the cached session is of an engine that restarted since: start anew
+            session = SparkSession.builder.remote(remote).create()
+            session.conf.set("spark.sql.session.timeZone", "UTC")
         return session
     builder = SparkSession.builder.master(master).appName(app_name)
     settings = {
