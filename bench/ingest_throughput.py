@@ -97,10 +97,21 @@ def pipeline_for(source_dir: Path, mode: str, config: Config) -> Pipeline:
 
 
 def drain_once(
-    spark: SparkSession, source_dir: Path, mode: str, config: Config, work: Path, round_no: int
+    spark: SparkSession,
+    source_dir: Path,
+    mode: str,
+    config: Config,
+    work: Path,
+    round_no: int,
+    home: Path | None = None,
 ) -> Run:
-    """Drain the whole source into a fresh home with one delivery mode; times the drain only."""
-    home = Path(tempfile.mkdtemp(prefix=f"home-{mode}-", dir=work))
+    """Drain the whole source into a fresh home with one delivery mode; times the drain only.
+
+    The home is a new directory under `work`, removed afterwards; or `home`, an empty directory the caller keeps
+    (to look at the lake afterwards) and removes.
+    """
+    owned = home is None
+    home = Path(tempfile.mkdtemp(prefix=f"home-{mode}-", dir=work)) if home is None else home
     try:
         pipeline = pipeline_for(source_dir, mode, config)
         source = open_source(pipeline, LakeResource(home=str(home)))
@@ -134,7 +145,8 @@ def drain_once(
             load_avg_1m_after=load_after,
         )
     finally:
-        shutil.rmtree(home, ignore_errors=True)
+        if owned:
+            shutil.rmtree(home, ignore_errors=True)
 
 
 def check(run: Run, events: int, records: int) -> None:

@@ -1,53 +1,60 @@
 """Run the benchmarks: `python -m bench.run [--only NAME] [--events N] [--rounds N]` (`make bench`).
 
-Each benchmark writes `bench/results/<name>.json` and a chart `bench/results/<name>.png`. All benchmarks share
-one Spark session, started before any timing.
+One process, one Spark session (started before any timing), one generated data set: the same JSON-lines files
+(events plus 10% publisher retries) are ingested by every contender —
+
+- `exactly_once`, `at_least_once`: onceflow's micro-batches (`bench.ingest_throughput.drain_once`);
+- `streaming_dedup`, `streaming_merge`: the Spark Structured Streaming peer (`bench.peer`);
+- `floor`: a plain `read.json` -> Delta append, no dedup (`bench.peer`).
+
+After a discarded warm-up of each contender on a small data set, the rounds alternate all contenders in that
+order; each figure is the median records/s per contender. Only the ingest itself is timed (see each module). After
+each timed run of `exactly_once` and of the streams, the last batch is replayed as after a crash between the sink
+commit and the checkpoint update, and the duplicates the table then holds are counted (not timed).
+
+Then `table_growth` and `latency` (`bench/table_growth.py`, `bench/latency.py`). Writes
+`bench/results/latest.json` and the chart `bench/results/latest.png` (see `bench/report.py`).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pyarrow.compute as pc
+from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
-from bench import ingest_throughput
+from bench import ingest_throughput, peer, report
+from bench.ingest_throughput import BenchmarkError, Config
+from bench.latency import latency
+from bench.table_growth import table_growth
+from jobs.micro_batch import run_micro_batch
+from jobs.source_reader import open_source
+from resources.checkpoint import SourceCheckpoint
+from resources.lake import LakeResource
 from resources.spark import build_spark_session
 
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-@dataclass(frozen=True)
-class Benchmark:
-    name: str
-    run: Callable[[SparkSession, argparse.Namespace], dict[str, Any]]
-    chart: Callable[[dict[str, Any], Path], None]
-
-
-def _ingest_throughput(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any]:
-    defaults = ingest_throughput.Config()
-    config = ingest_throughput.Config(
-        events=args.events or defaults.events, rounds=args.rounds or defaults.rounds
-    )
-    return ingest_throughput.run(spark, config)
-
-
-BENCHMARKS: list[Benchmark] = [
-    Benchmark(ingest_throughput.NAME, _ingest_throughput, ingest_throughput.chart),
-]
+ONCEFLOW = ingest_throughput.MODES  # exactly_once, at_least_once
+CONTENDERS = (*ONCEFLOW, *peer.CONTENDERS)
+EXTRAS = ("table_growth", "latency")
+ALIASES = {"ingest_throughput": ONCEFLOW}
 
 
 def machine() -> dict[str, Any]:
+    from importlib.metadata import version
+
     import pyspark
 
     return {
@@ -55,8 +62,111 @@ def machine() -> dict[str, Any]:
         "platform": platform.platform(),
         "python": platform.python_version(),
         "pyspark": pyspark.__version__,
-        "load_avg": os.getloadavg(),
+        "delta_spark": version("delta-spark"),
+        "deltalake": version("deltalake"),
+        "total_memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
     }
+
+
+def replay_last_batch(spark: SparkSession, source_dir: Path, config: Config, home: Path) -> dict[str, Any]:
+    """The fault the peer's replay check injects, on onceflow: the lake committed the last batch, but the
+    checkpoint's advance past it was lost. Roll the checkpoint back one batch, run the next micro-batch as the
+    sensor would, and count rows minus distinct record ids in the raw table. Not timed."""
+    source = open_source(ingest_throughput.pipeline_for(source_dir, "exactly_once", config), LakeResource(home=str(home)))
+    last = source.checkpoints.load().committed_batch
+    plan = source.checkpoints.get_plan(last)
+    if plan is None:
+        raise BenchmarkError(f"exactly_once: the plan of batch {last} was not kept; cannot replay it")
+    before = DeltaTable(source.raw_path).version()
+
+    def roll_back(checkpoint: SourceCheckpoint) -> SourceCheckpoint:
+        checkpoint.committed_batch = last - 1
+        for entry in plan.files:
+            checkpoint.taken_files.pop(entry.path, None)
+        return checkpoint
+
+    source.checkpoints.update(roll_back)
+    start = time.perf_counter()
+    result = run_micro_batch(lambda: spark, source)
+    seconds = time.perf_counter() - start
+    if result is None or result.batch_id != last:
+        raise BenchmarkError(f"exactly_once: after the roll-back the next batch was {result and result.batch_id}, "
+                             f"not {last}")
+    ids = DeltaTable(source.raw_path).to_pyarrow_table(columns=["record_id"]).column("record_id")
+    return {
+        "duplicates_after_replay": len(ids) - pc.count_distinct(ids).as_py(),
+        "replay": {"replayed_batch": last, "skipped_as_committed": result.replayed, "seconds": seconds,
+                   "table_commits": DeltaTable(source.raw_path).version() - before},
+    }
+
+
+def run_one(
+    spark: SparkSession, contender: str, source: peer.Source, events: int, config: Config, work: Path,
+    round_no: int, replay: bool,
+) -> dict[str, Any]:
+    """One checked run of `contender` over `source` (`events` distinct events); the JSON-ready record of it."""
+    if contender not in ONCEFLOW:
+        run = peer.run_contender(spark, contender, source, work, round_no, replay=replay)
+        peer.check(run, events)
+        return {**asdict(run), "records_per_s": run.records_per_s}
+    home = Path(tempfile.mkdtemp(prefix=f"home-{contender}-", dir=work))
+    try:
+        drained = ingest_throughput.drain_once(spark, source.directory, contender, config, work, round_no, home)
+        ingest_throughput.check(drained, events, source.records)
+        record = {
+            "contender": contender, "round": round_no, "seconds": drained.seconds, "records": drained.received,
+            "rows": drained.raw_rows, "distinct_ids": drained.raw_distinct_ids,
+            "records_per_s": drained.records_per_s, "duplicates_after_replay": None, **asdict(drained),
+        }
+        if replay and contender == "exactly_once":
+            record.update(replay_last_batch(spark, source.directory, config, home))
+        return record
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def run_contenders(
+    spark: SparkSession, contenders: list[str], config: Config, log: Callable[[str], None]
+) -> list[dict[str, Any]]:
+    """Warm-up (discarded), then `config.rounds` rounds of every contender in turn, on the same files."""
+    os.environ.pop("ONCEFLOW_CRASH_AT", None)  # a leftover fault-injection setting would kill the benchmark
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="onceflow-bench-") as tmp:
+        work = Path(tmp)
+        ingest_throughput.write_source(work / "warmup", config.warmup_events, config, seed=3)
+        ingest_throughput.write_source(work / "source", config.events, config)
+        warmup = peer.Source.of(work / "warmup", config.files_per_batch)
+        source = peer.Source.of(work / "source", config.files_per_batch)
+        if source.records != config.records:
+            raise BenchmarkError(f"{source.records} records written, expected {config.records}")
+        for contender in contenders:
+            warm = run_one(spark, contender, warmup, config.warmup_events, config, work, 0, replay=False)
+            log(f"warm-up {contender}: {warm['records']} records in {warm['seconds']:.1f} s (discarded)")
+        for round_no in range(1, config.rounds + 1):
+            for contender in contenders:
+                run = run_one(spark, contender, source, config.events, config, work, round_no, replay=True)
+                runs.append(run)
+                replayed = run["duplicates_after_replay"]
+                log(
+                    f"round {round_no} {contender}: {run['records']} records, {run['seconds']:.1f} s, "
+                    f"{run['records_per_s']:,.0f} records/s, {run['rows']} rows, {run['distinct_ids']} distinct"
+                    + ("" if replayed is None else f", {replayed} duplicates after replay")
+                    + "".join(f" [a replay run failed: {f}]" for f in run.get("replay", {}).get("failed_runs", []))
+                    + f" (load {run['load_avg_1m_before']:.2f} -> {run['load_avg_1m_after']:.2f})"
+                )
+    return runs
+
+
+def _print(line: str) -> None:
+    print(line, flush=True)
+
+
+def selected(only: list[str] | None) -> tuple[list[str], set[str]]:
+    """The contenders (in their fixed order) and the extra benchmarks `--only` asks for (all without it)."""
+    if not only:
+        return list(CONTENDERS), set(EXTRAS)
+    names = {n for name in only for n in ALIASES.get(name, (name,))}
+    return [c for c in CONTENDERS if c in names], names & set(EXTRAS)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,39 +174,43 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--only", choices=[b.name for b in BENCHMARKS], action="append", help="run only these"
+        "--only", choices=[*CONTENDERS, *EXTRAS, *ALIASES], action="append",
+        help="run only these (repeatable); ratios that lack a contender are null",
     )
-    parser.add_argument("--events", type=int, help="events per benchmark (default: each benchmark's own)")
-    parser.add_argument("--rounds", type=int, help="timed rounds per mode (default: each benchmark's own)")
+    defaults = Config()
+    parser.add_argument("--events", type=int, default=defaults.events,
+                        help=f"events for every contender (default {defaults.events:,})")
+    parser.add_argument("--rounds", type=int, default=defaults.rounds,
+                        help=f"timed rounds per contender (default {defaults.rounds})")
     parser.add_argument(
         "--results", type=Path, default=RESULTS, help=f"output directory (default: {RESULTS})"
     )
     args = parser.parse_args(argv)
+    contenders, extras = selected(args.only)
+    config = Config(events=args.events, rounds=args.rounds)
     args.results.mkdir(parents=True, exist_ok=True)
+    started, load_before = time.time(), os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="onceflow-bench-warehouse-") as warehouse:
         spark = build_spark_session(
             app_name="onceflow-bench",
             conf={"spark.sql.warehouse.dir": warehouse, "spark.driver.memory": "2g"},
         )
         try:
-            for bench in BENCHMARKS:
-                if args.only and bench.name not in args.only:
-                    continue
-                print(f"== {bench.name}", flush=True)
-                started = time.time()
-                result = {
-                    **bench.run(spark, args),
-                    "started_at": datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"),
-                    "elapsed_s": round(time.time() - started, 1),
-                    "command": " ".join([Path(sys.executable).name, "-m", "bench.run", *sys.argv[1:]]),
-                    "machine": machine(),
-                }
-                json_path, png_path = args.results / f"{bench.name}.json", args.results / f"{bench.name}.png"
-                json_path.write_text(json.dumps(result, indent=2) + "\n")
-                bench.chart(result, png_path)
-                print(f"wrote {json_path} and {png_path}", flush=True)
+            settings = {k: v for k, v in spark.sparkContext.getConf().getAll() if k in report.SPARK_SETTINGS}
+            runs = run_contenders(spark, contenders, config, _print) if contenders else []
+            growth = table_growth(spark, args) if "table_growth" in extras else None
+            lat = latency(spark, args) if "latency" in extras else None
         finally:
             spark.stop()
+    result = report.build(config, runs, growth, lat)
+    result["machine"] = {**machine(), "load_avg_before": load_before, "load_avg_after": os.getloadavg()}
+    result["spark"] = settings
+    result["started_at"] = datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds")
+    result["elapsed_s"] = round(time.time() - started, 1)
+    result["command"] = " ".join([Path(sys.executable).name, "-m", "bench.run", *sys.argv[1:]])
+    json_path, png_path = report.write(result, args.results)
+    print(report.table(result), flush=True)
+    print(f"wrote {json_path} and {png_path}", flush=True)
     return 0
 
 

@@ -40,6 +40,11 @@ def create_table_once(spark: SparkSession, path: str, definition: str) -> None:
     """`CREATE TABLE IF NOT EXISTS delta.`path` <definition>`, when another writer may be creating it at the same
     moment (two first runs): whoever loses that race finds the table made, which is all it wanted."""
     try:
+        DeltaTable(path)
+        return  # the common case, without a Spark command
+    except TableNotFoundError:
+        pass
+    try:
         spark.sql(f"CREATE TABLE IF NOT EXISTS delta.`{path}` {definition}")
     except Exception:
         try:
@@ -104,7 +109,21 @@ def append_once(df: DataFrame, path: str, app_id: str, version: int, metadata: d
 
 
 def latest_version(spark: SparkSession, path: str) -> int:
-    return int(spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").collect()[0]["version"])
+    """The table's newest version (read from its log with delta-rs: no Spark job)."""
+    return DeltaTable(path).version()
+
+
+def own_commit_version(path: str, metadata: dict[str, Any], after: int) -> int:
+    """The version of the commit that carried `metadata` when it is the one right after version `after`, else
+    `after`: the newest version up to which this writer knows every commit."""
+    table = DeltaTable(path)
+    if table.version() != after + 1:
+        return after
+    last = table.history(1)[0]
+    mine = json.loads(last.get("userMetadata") or "{}")
+    same = (mine.get("onceflow_source"), mine.get("onceflow_batch")) == (metadata["onceflow_source"],
+                                                                        metadata["onceflow_batch"])
+    return after + 1 if same else after
 
 
 def committed_metrics(spark: SparkSession, path: str, metadata: dict[str, Any], lookback: int = 1000) -> dict[str, str]:

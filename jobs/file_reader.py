@@ -1,24 +1,39 @@
 """The reader of a `FileSource`: a directory of JSON-lines files, planned by fingerprint before it is read.
 
 The next batch's plan lists its files (path, size, SHA-256) before any of them is read, so a replay reads exactly
-the same bytes and a file that changed since is an error naming it. A batch's files are read
-(`landed`): each non-empty line is one record at position `<relative path>:<byte offset>`.
+the same bytes and a file that changed since is an error naming it. A batch's files are read by Spark's executors
+(`landed`), never through the driver: each non-empty line is one record at position `<relative path>:<byte
+offset>`, its bytes exactly as in the file (a line's trailing CR dropped).
 """
 
 from __future__ import annotations
 
 import time
+from functools import reduce
 
-import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
 
 from jobs.declaration import FileSource, Pipeline
 from jobs.durations import parse_duration
 from jobs.landed_ids import LandedRow
-from jobs.landing import LANDING_SCHEMA, BatchOutcome
+from jobs.landing import BatchOutcome
 from jobs.watermark import FileWatermark, WatermarkEstimator
 from resources.checkpoint import BatchPlan, CheckpointStore, SourceCheckpoint
 from resources.files import JsonLinesDirectory
+
+FILE_STRIDE = 1 << 40
+"""Ordinals are `file index * FILE_STRIDE + byte offset`: landing order, for files under a terabyte."""
+
+
+def _file_lines(spark: SparkSession, path: str, index: int) -> DataFrame:
+    # lineSep "\n" keeps a CR in the line (so byte offsets add up); the text source keeps the bytes undecoded.
+    return spark.read.option("lineSep", "\n").text(path).select(
+        "value",
+        F.lit(index).alias("file"),
+        F.col("_metadata.file_block_start").alias("block"),
+        F.monotonically_increasing_id().alias("seq"),
+    )
 
 
 class FileReader:
@@ -53,18 +68,25 @@ class FileReader:
         )
 
     def landed(self, spark: SparkSession, plan: BatchPlan) -> DataFrame:
-        rows = self.landed_rows(plan)
-        table = pa.table(
-            {
-                "ordinal": list(range(len(rows))),
-                "source_position": [r.position for r in rows],
-                "publish_time": pa.nulls(len(rows), pa.timestamp("ms", tz="UTC")),
-                "attributes": pa.nulls(len(rows), pa.map_(pa.string(), pa.string())),
-                "data": [r.data for r in rows],
-            },
-            schema=LANDING_SCHEMA,
+        for entry in plan.files:
+            self.directory.check(entry)
+        # One scan per file, so each line knows its file without decoding Spark's URL-encoded file paths.
+        lines = reduce(DataFrame.unionByName, (_file_lines(spark, self.directory.path_of(e), i)
+                                               for i, e in enumerate(plan.files)))
+        in_file = Window.partitionBy("file").orderBy("block", "seq").rowsBetween(Window.unboundedPreceding, -1)
+        offset = F.coalesce(F.sum(F.octet_length("value") + 1).over(in_file), F.lit(0))
+        relative = F.element_at(F.array(*(F.lit(e.path) for e in plan.files)), F.col("file") + 1)
+        return (
+            lines.withColumn("offset", offset)
+            .filter(~F.col("value").rlike(r"^[ \t\r\x0B\f]*$"))
+            .select(
+                (F.col("file").cast("bigint") * FILE_STRIDE + F.col("offset")).alias("ordinal"),
+                F.concat(relative, F.lit(":"), F.col("offset").cast("string")).alias("source_position"),
+                F.lit(None).cast("timestamp").alias("publish_time"),
+                F.lit(None).cast("map<string,string>").alias("attributes"),
+                F.expr("trim(TRAILING chr(13) FROM value)").cast("binary").alias("data"),
+            )
         )
-        return spark.createDataFrame(table)
 
     def landed_count(self, plan: BatchPlan) -> int:
         return sum(1 for entry in plan.files for _ in self.directory.lines(entry))

@@ -15,8 +15,10 @@ metrics; `balances()` checks them against the classification.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -30,8 +32,10 @@ from jobs.delta_txn import (
     delta_transaction,
     is_concurrent_commit,
     latest_version,
+    own_commit_version,
     retention_properties,
 )
+from jobs.id_filters import IdFilterStore, committed_among, id_hashes
 from jobs.schema import field_ddl
 from jobs.source_reader import SourceRuntime
 from jobs.validation import RecordContract, classify
@@ -85,6 +89,7 @@ class IngestResult:
     replayed: bool = False
     lost_race: bool = False
     realigned_from: int | None = None
+    fast_path: dict[str, int | bool] | None = None
     raw_version: int | None = None
     min_event_time_ms: int | None = None
     max_event_time_ms: int | None = None
@@ -149,7 +154,7 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
                 "source_position", F.coalesce(F.col("payload"), F.base64("data")).alias("raw"), "reason", "detail",
                 "record_id", "event_time", "batch_id", ingested_at, "ordinal",
             )
-            written = _merge_once(spark, source, plan, _first_per_id(dead), source.dead_letter_path, None, metadata)
+            written = _merge_once(spark, source, plan, _first_per_id(dead), source.dead_letter_path, "", metadata)
             result.dead_lettered_new = written.inserted
         valid = classified.filter(F.col("reason").isNull()).select(
             "record_id", "event_time", *(f.name for f in contract.schema), "payload", "source_position",
@@ -164,9 +169,18 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
             result.inserted = valid_count
             return result
         unique = _first_per_id(valid)
-        unique_count = unique.count()
+        if source.id_filters is None:
+            unique_count = unique.count()
+            lookup = _horizon(plan.horizon_floor_ms)
+            written = _merge_once(spark, source, plan, unique, source.raw_path, lookup, metadata)
+        else:
+            unique = unique.cache()
+            try:
+                unique_count, written = _merge_with_filters(spark, source, source.id_filters, plan, unique, metadata,
+                                                            result)
+            finally:
+                unique.unpersist()
         result.duplicates_in_batch = valid_count - unique_count
-        written = _merge_once(spark, source, plan, unique, source.raw_path, plan.horizon_floor_ms, metadata)
         result.raw_version = latest_version(spark, source.raw_path)
         result.replayed, result.lost_race = written.replayed, result.lost_race or written.lost_race
         result.inserted = written.inserted
@@ -174,6 +188,44 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
         return result
     finally:
         classified.unpersist()
+
+
+def _horizon(horizon_floor_ms: int | None) -> str:
+    # A constant predicate on the partition column: the MERGE reads only buckets inside the dedup horizon.
+    return "" if horizon_floor_ms is None else f" AND t.time_bucket >= {horizon_floor_ms // BUCKET_MS}"
+
+
+def _merge_with_filters(
+    spark: SparkSession, source: SourceRuntime, store: IdFilterStore, plan: BatchPlan, unique: DataFrame,
+    metadata: dict, result: IngestResult,
+) -> tuple[int, Written]:
+    """The MERGE of a batch's unique records, looking up only the buckets the ID filters cannot rule out; then
+    the batch's IDs join the filters. Returns the unique count and what the MERGE wrote."""
+    ids = unique.select("record_id", "time_bucket").toArrow()
+    floor = None if plan.horizon_floor_ms is None else plan.horizon_floor_ms // BUCKET_MS
+    filters = store.load(floor)
+    hashes = id_hashes(ids["record_id"])
+    maybe, buckets = filters.maybe_seen(hashes)
+    result.fast_path = {"proven_new": int(len(hashes) - maybe.sum()), "maybe_seen": int(maybe.sum()),
+                        "buckets_looked_up": len(buckets), "filters_rebuilt": filters.rebuilt,
+                        "filters_caught_up_commits": filters.caught_up}
+    rows = unique
+    if buckets:
+        # An ID the filters rule out is in no bucket of the table: only the "maybe" IDs are looked up, and only in
+        # the buckets whose filters named them.
+        seen = committed_among(source.raw_path, filters.version, ids["record_id"].filter(pa.array(maybe)), buckets)
+        if seen:
+            rows = unique.filter(~F.col("record_id").isin(*seen))
+        result.fast_path["committed_found"] = len(seen)
+    else:
+        seen = []
+    written = _append_new(spark, source, plan, rows, ids.num_rows - len(seen), metadata)
+    if not written.replayed:
+        changed = filters.add(hashes, ids["time_bucket"].to_numpy())
+        filters.version = own_commit_version(source.raw_path, metadata, after=filters.version)
+        filters.drop_below(floor)
+        store.save(filters, changed)
+    return ids.num_rows, written
 
 
 def _summarize(classified: DataFrame, result: IngestResult) -> None:
@@ -210,41 +262,69 @@ def _merge_once(
     plan: BatchPlan,
     rows: DataFrame,
     path: str,
-    horizon_floor_ms: int | None,
+    lookup: str,
     metadata: dict,
 ) -> Written:
-    """Insert the rows whose IDs the table does not hold yet, as the transaction `(app id, batch)`.
+    """Insert the rows whose IDs the table does not hold yet, as the transaction `(app id, batch)`; `lookup` is
+    SQL appended to the match condition that bounds which target rows are read (`t.` is the table)."""
+    view = f"onceflow_batch_{uuid.uuid4().hex}"
+    rows.createOrReplaceTempView(view)
+
+    def merge() -> int | None:
+        with delta_transaction(spark, source.app_id, plan.batch_id, metadata):
+            answer = spark.sql(
+                f"MERGE INTO delta.`{path}` t USING {view} s ON t.record_id = s.record_id{lookup} "
+                "WHEN NOT MATCHED THEN INSERT *"
+            ).collect()
+        # Delta skips a MERGE whose SetTransaction it has seen: no result row, no commit.
+        return int(answer[0]["num_inserted_rows"]) if answer else None
+
+    try:
+        return _commit_once(spark, source, plan, path, metadata, merge)
+    finally:
+        spark.catalog.dropTempView(view)
+
+
+def _append_new(
+    spark: SparkSession, source: SourceRuntime, plan: BatchPlan, rows: DataFrame, count: int, metadata: dict
+) -> Written:
+    """Append rows known to be new (no ID of theirs in the table), as the transaction `(app id, batch)`."""
+
+    def append() -> int | None:
+        if (committed_batch(source.raw_path, source.app_id) or 0) >= plan.batch_id:
+            return None
+        append_once(rows, source.raw_path, source.app_id, plan.batch_id, metadata)
+        return count
+
+    return _commit_once(spark, source, plan, source.raw_path, metadata, append)
+
+
+def _commit_once(
+    spark: SparkSession, source: SourceRuntime, plan: BatchPlan, path: str, metadata: dict,
+    write: Callable[[], int | None],
+) -> Written:
+    """Run `write` (rows inserted, or None when Delta skipped the batch as committed), retrying lost races.
 
     A batch committed before (by an earlier attempt, or by a concurrent one that won the race) writes nothing and
     reports the winning commit's own count.
     """
-    horizon = ""
-    if horizon_floor_ms is not None:
-        # A constant predicate on the partition column: the MERGE reads only buckets inside the dedup horizon.
-        horizon = f" AND t.time_bucket >= {horizon_floor_ms // BUCKET_MS}"
-    view = f"onceflow_batch_{uuid.uuid4().hex}"
-    rows.createOrReplaceTempView(view)
-    try:
-        for attempt in range(MERGE_TRIES):
-            try:
-                with delta_transaction(spark, source.app_id, plan.batch_id, metadata):
-                    answer = spark.sql(
-                        f"MERGE INTO delta.`{path}` t USING {view} s ON t.record_id = s.record_id{horizon} "
-                        "WHEN NOT MATCHED THEN INSERT *"
-                    ).collect()
-                break
-            except Exception as error:
-                if not is_concurrent_commit(error):
-                    raise
-                if (committed_batch(path, source.app_id) or 0) >= plan.batch_id:
-                    # A concurrent attempt at this very batch committed it first: this one is a replay.
-                    count = int(committed_metrics(spark, path, metadata)["numTargetRowsInserted"])
-                    return Written(count, replayed=True, lost_race=True)
-                if attempt == MERGE_TRIES - 1:
-                    raise  # another writer (maintenance, say) kept conflicting: fail, Dagster retries the run
-    finally:
-        spark.catalog.dropTempView(view)
-    if answer:
-        return Written(int(answer[0]["num_inserted_rows"]), replayed=False)
-    # Delta skips a MERGE whose SetTransaction it has seen: no result row, no commit.
-    return Written(int(committed_metrics(spark, path, metadata)["numTargetRowsInserted"]), replayed=True)
+    for attempt in range(MERGE_TRIES):
+        try:
+            inserted = write()
+            break
+        except Exception as error:
+            if not is_concurrent_commit(error):
+                raise
+            if (committed_batch(path, source.app_id) or 0) >= plan.batch_id:
+                # A concurrent attempt at this very batch committed it first: this one is a replay.
+                return Written(_inserted(committed_metrics(spark, path, metadata)), replayed=True, lost_race=True)
+            if attempt == MERGE_TRIES - 1:
+                raise  # another writer (maintenance, say) kept conflicting: fail, Dagster retries the run
+    if inserted is not None:
+        return Written(inserted, replayed=False)
+    return Written(_inserted(committed_metrics(spark, path, metadata)), replayed=True)
+
+
+def _inserted(metrics: dict[str, str]) -> int:
+    """Rows a batch's commit inserted: a MERGE's or an append's own count."""
+    return int(metrics.get("numTargetRowsInserted", metrics.get("numOutputRows", 0)))

@@ -17,6 +17,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from jobs.declaration import FileSource, Pipeline
 from jobs.file_reader import FileReader
+from jobs.id_filters import IdFilterStore
 from jobs.landed_ids import LandedRow
 from jobs.landing import BatchOutcome
 from jobs.pubsub_reader import PubSubReader
@@ -89,6 +90,7 @@ class SourceRuntime:
     checkpoints: CheckpointStore
     raw_path: str
     dead_letter_path: str
+    id_filters: IdFilterStore | None = None
 
 
 def app_id(pipeline: Pipeline, epoch: int) -> str:
@@ -111,7 +113,10 @@ def open_source(
     else:
         reader = PubSubReader(pipeline, pubsub, checkpoints, lake.landing())
     raw, dead = lake.table_path(pipeline.raw_table), lake.table_path(pipeline.dead_letter_table)
-    return SourceRuntime(pipeline, source_app, reader, checkpoints, raw, dead)
+    filters = None
+    if lake.id_filters and pipeline.delivery == "exactly_once":
+        filters = IdFilterStore(lake.filters(), pipeline.raw_table, raw)
+    return SourceRuntime(pipeline, source_app, reader, checkpoints, raw, dead, filters)
 
 
 def source_watermark_ms(checkpoint: SourceCheckpoint) -> int | None:

@@ -38,8 +38,11 @@ class JsonLinesDirectory:
             total += entry.size
         return entries
 
-    def lines(self, entry: FileEntry) -> Iterator[tuple[int, bytes]]:
-        """`(byte offset, line without its newline)` for each non-empty line of a taken file."""
+    def path_of(self, entry: FileEntry) -> str:
+        return str(self.directory / entry.path)
+
+    def check(self, entry: FileEntry) -> bytes:
+        """The bytes of a taken file, which must be those it was planned with."""
         try:
             data = (self.directory / entry.path).read_bytes()
         except FileNotFoundError:
@@ -49,6 +52,11 @@ class JsonLinesDirectory:
                 f"{entry.path} changed after batch planning (planned {entry.size} bytes, sha256 "
                 f"{entry.sha256[:12]}…; now {len(data)} bytes): files must be immutable once in the source directory"
             )
+        return data
+
+    def lines(self, entry: FileEntry) -> Iterator[tuple[int, bytes]]:
+        """`(byte offset, line without its newline)` for each non-empty line of a taken file."""
+        data = self.check(entry)
         offset = 0
         for line in data.split(b"\n"):
             if line.strip():

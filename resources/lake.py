@@ -26,6 +26,9 @@ class LakeResource(dg.ConfigurableResource):
     """Resolves Delta table paths and the landing area under one root."""
 
     home: str
+    id_filters: bool = True
+    """The dedup fast path (`jobs.id_filters`): Bloom filters of committed IDs under `<home>/filters`. Off, every
+    batch looks its IDs up in the whole dedup horizon of the raw table."""
 
     def table_path(self, name: str) -> str:
         """The Delta table `name` (for example `raw/events`) under `<home>/lake`."""
@@ -56,6 +59,10 @@ class LakeResource(dg.ConfigurableResource):
     def staging_root(self) -> str:
         """Where a BigQuery-only output stages the pane files its loads read: `<home>/staging`."""
         return f"{self.home}/staging"
+
+    def filters(self) -> ObjectStore:
+        """The dedup fast path's ID filters, derived from the raw tables: `<home>/filters`."""
+        return open_store(f"{self.home}/filters")
 
     def declarations(self) -> ObjectStore:
         """Verdicts of load-time transform checks, by fingerprint: `<home>/declarations`."""

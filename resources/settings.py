@@ -67,6 +67,7 @@ class Settings(BaseSettings):
     allowed_lateness_s: int = Field(default=30, ge=0)
     late_policy: Literal["drop", "refire"] = "drop"
     dedup_horizon_s: int = Field(default=24 * 3600, gt=0)
+    dedup_fast_path: bool = Field(default=True, description="Bloom filters of committed IDs (DESIGN 4).")
 
     crash_at: str | None = Field(default=None, description="Fault injection: `<point>[#k]`.")
     dagster_home: str | None = Field(default=None, validation_alias=AliasChoices("DAGSTER_HOME"))

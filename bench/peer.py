@@ -1,0 +1,255 @@
+"""The peer a Spark user would pick instead of onceflow, and the floor (DESIGN.md section 10, benchmarks 3 and 5).
+
+Written as a competent Spark user writes them, on onceflow's benchmark session and settings, over the same
+JSON-lines files (`bench.ingest_throughput.write_source`: events plus 10% publisher retries):
+
+- `streaming_dedup`: Structured Streaming file source (`maxFilesPerTrigger`), a generous event-time watermark,
+  `dropDuplicatesWithinWatermark(["event_id"])`, a `foreachBatch` Delta append made idempotent by the writer
+  options `txnAppId` / `txnVersion` (= batch id); `trigger(availableNow=True)`.
+- `streaming_merge`: the same stream without the stateful dedup; `foreachBatch` drops duplicates inside the batch
+  and runs an insert-only MERGE on `event_id`, made idempotent by the session settings
+  `spark.databricks.delta.write.txnAppId` / `txnVersion` (Delta's way for MERGE).
+- `floor`: `spark.read.json` then a Delta append. No dedup at all.
+
+Timed: for the streams, `start()` until `awaitTermination()` returns (every micro-batch and its commit; not the
+query's definition, not creating the MERGE target); for the floor, its one read-and-write action. Counting the
+output (with delta-rs, a second engine) and the replay check are not timed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow.compute as pc
+from deltalake import DeltaTable as RsDeltaTable
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+
+from bench.ingest_throughput import BenchmarkError
+
+CONTENDERS = ("streaming_dedup", "streaming_merge", "floor")
+# Explicit, as a streaming file source requires; the types onceflow's `events` pipeline gives these fields.
+SCHEMA = "event_id STRING, event_time BIGINT, key STRING, value DECIMAL(38, 9)"
+WATERMARK = "24 hours"  # the events span six hours: no state is evicted before its duplicates arrive
+TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
+TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+
+
+@dataclass(frozen=True)
+class Source:
+    """The JSON-lines directory every contender reads, and how many records (non-empty lines) it holds."""
+
+    directory: Path
+    files_per_batch: int
+    records: int
+
+    @classmethod
+    def of(cls, directory: Path, files_per_batch: int) -> Source:
+        lines = (line for path in directory.glob("*.jsonl") for line in path.read_text().splitlines())
+        return cls(directory, files_per_batch, sum(1 for line in lines if line.strip()))
+
+
+@dataclass
+class PeerRun:
+    contender: str
+    round: int
+    seconds: float
+    records: int
+    rows: int
+    distinct_ids: int
+    batches: int
+    input_rows: int | None  # what the stream's progress reports say it read
+    load_avg_1m_before: float
+    load_avg_1m_after: float
+    duplicates_after_replay: int | None = None
+    replay: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def records_per_s(self) -> float:
+        return self.records / self.seconds
+
+
+def events(spark: SparkSession, source: Source, streaming: bool) -> DataFrame:
+    """The source files as typed events: `event_time` (epoch millis in the files) becomes a TIMESTAMP."""
+    if streaming:
+        reader = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", source.files_per_batch)
+        raw = reader.json(str(source.directory))
+    else:
+        raw = spark.read.schema(SCHEMA).json(str(source.directory))
+    return raw.withColumn("event_time", F.timestamp_millis("event_time"))
+
+
+def _append_sink(table: str, app_id: str) -> Callable[[DataFrame, int], None]:
+    def append(batch: DataFrame, batch_id: int) -> None:
+        batch.write.format("delta").mode("append").option("txnAppId", app_id).option("txnVersion", batch_id).save(
+            table
+        )
+
+    return append
+
+
+def _merge_sink(table: str, app_id: str) -> Callable[[DataFrame, int], None]:
+    from delta.tables import DeltaTable
+
+    def merge(batch: DataFrame, batch_id: int) -> None:
+        spark = batch.sparkSession  # the query's own session: the txn settings must be where the MERGE runs
+        spark.conf.set(TXN_APP_ID, app_id)
+        spark.conf.set(TXN_VERSION, str(batch_id))
+        try:
+            (
+                DeltaTable.forPath(spark, table).alias("t")
+                .merge(batch.dropDuplicates(["event_id"]).alias("s"), "t.event_id = s.event_id")
+                .whenNotMatchedInsertAll()
+                .execute()
+            )
+        finally:
+            spark.conf.unset(TXN_APP_ID)
+            spark.conf.unset(TXN_VERSION)
+
+    return merge
+
+
+@dataclass(frozen=True)
+class _Stream:
+    """One streaming contender's query; rebuilt identically (same checkpoint, app id, table) for the replay."""
+
+    contender: str
+    source: Source
+    table: str
+    checkpoint: str
+    app_id: str
+
+    def run(self, spark: SparkSession) -> tuple[float, StreamingQuery]:
+        """Start the query and wait until it has drained the source; times exactly that."""
+        stream = events(spark, self.source, streaming=True).withWatermark("event_time", WATERMARK)
+        if self.contender == "streaming_dedup":
+            stream, sink = stream.dropDuplicatesWithinWatermark(["event_id"]), _append_sink(self.table, self.app_id)
+        else:
+            empty = spark.createDataFrame([], events(spark, self.source, streaming=False).schema)
+            empty.write.format("delta").mode("ignore").save(self.table)  # so the first batch is a MERGE too
+            sink = _merge_sink(self.table, self.app_id)
+        writer = stream.writeStream.foreachBatch(sink).option("checkpointLocation", self.checkpoint)
+        start = time.perf_counter()
+        query = writer.trigger(availableNow=True).start()
+        query.awaitTermination()
+        return time.perf_counter() - start, query
+
+    def replay_check(self, spark: SparkSession) -> tuple[int, dict[str, Any]]:
+        """Lose the commit-log entry of the last batch that read data (the sink committed it; a crash came before
+        the checkpoint said so), run the query again on its checkpoint: the duplicates the table then holds, and
+        what the replay did. Trailing no-data batches (run only to move the watermark) could not have run before
+        that crash: they go too."""
+        root, version, (rows, _) = Path(self.checkpoint), RsDeltaTable(self.table).version(), _table_counts(self.table)
+        last = max(int(p.name) for p in (root / "commits").iterdir() if p.name.isdigit())
+        dropped: list[int] = []
+        while last > 0 and _source_offset(root, last) == _source_offset(root, last - 1):
+            _delete(root / "offsets", last)
+            _delete(root / "commits", last)
+            dropped, last = [*dropped, last], last - 1
+        _delete(root / "commits", last)
+        runs = self._replay(spark)
+        if not (root / "commits" / str(last)).exists():
+            raise BenchmarkError(f"{self.contender}: the replay did not run batch {last} again (no commit for it)")
+        rows_after, distinct_after = _table_counts(self.table)
+        report = {"replayed_batch": last, "dropped_no_data_batches": dropped, "runs": runs,
+                  "failed_runs": [r["failure"] for r in runs if r["failure"]],
+                  "table_commits": RsDeltaTable(self.table).version() - version, "rows_added": rows_after - rows}
+        return rows_after - distinct_after, report
+
+    def _replay(self, spark: SparkSession, tries: int = 3) -> list[dict[str, Any]]:
+        """Restart the query on its checkpoint, with Spark's default settings, until a run ends cleanly (as a
+        scheduler's retry would); what each run did. Spark (SPARK-52008; in this PySpark 4.2) ends the run that
+        replays the batch with STATE_STORE_COMMIT_VALIDATION_FAILED, after committing it: Delta's `txnVersion`
+        skip means foreachBatch never executed the batch's stateful plan. The next run goes on normally."""
+        runs: list[dict[str, Any]] = []
+        for _ in range(tries):
+            start = time.perf_counter()
+            try:
+                _, query = self.run(spark)
+            except StreamingQueryException as error:
+                failure = _caused_by(error, "STATE_STORE_COMMIT_VALIDATION_FAILED")
+                if failure is None:
+                    raise
+                runs.append({"seconds": time.perf_counter() - start, "failure": failure})
+                continue
+            progress = [p.batchId for p in query.recentProgress]  # a batch Delta skipped reads 0 input rows
+            runs.append({"seconds": time.perf_counter() - start, "failure": None, "progress_batch_ids": progress})
+            return runs
+        raise BenchmarkError(f"{self.contender}: the replay failed {tries} runs in a row: {runs[-1]['failure']}")
+
+
+def _source_offset(checkpoint: Path, batch: int) -> str:
+    return (checkpoint / "offsets" / str(batch)).read_text().splitlines()[-1]
+
+
+def _delete(log: Path, batch: int) -> None:
+    for name in (str(batch), f".{batch}.crc"):
+        (log / name).unlink(missing_ok=True)
+
+
+def _caused_by(error: BaseException, condition: str) -> str | None:
+    """The first line of the exception with `condition` in `error`'s cause chain, if any. PySpark keeps the
+    converted Java cause only in `_cause`; the STREAM_FAILED summary says just "Exception thrown in awaitResult"."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if condition in str(seen):
+            return str(seen).splitlines()[0]
+        seen = getattr(seen, "_cause", None)
+    return None
+
+
+def _table_counts(table: str) -> tuple[int, int]:
+    ids = RsDeltaTable(table).to_pyarrow_table(columns=["event_id"]).column("event_id")
+    return len(ids), pc.count_distinct(ids).as_py()
+
+
+def run_contender(
+    spark: SparkSession, contender: str, source: Source, work: Path, round_no: int, replay: bool = True
+) -> PeerRun:
+    """One timed run of `contender` into a fresh table under `work` (removed afterwards); for a stream, with
+    `replay`, then the replay check."""
+    scratch = Path(tempfile.mkdtemp(prefix=f"{contender}-", dir=work))
+    table = str(scratch / "table")
+    try:
+        load_before, input_rows = os.getloadavg()[0], None
+        if contender == "floor":
+            start = time.perf_counter()
+            events(spark, source, streaming=False).write.format("delta").mode("append").save(table)
+            seconds, batches = time.perf_counter() - start, 1
+        else:
+            stream = _Stream(contender, source, table, str(scratch / "checkpoint"), f"bench-{uuid.uuid4().hex}")
+            seconds, query = stream.run(spark)
+            batches, input_rows = len(query.recentProgress), sum(p.numInputRows for p in query.recentProgress)
+        load_after = os.getloadavg()[0]
+        result = PeerRun(contender, round_no, seconds, source.records, *_table_counts(table), batches, input_rows,
+                         load_before, load_after)
+        if contender != "floor" and replay:
+            result.duplicates_after_replay, result.replay = stream.replay_check(spark)
+        return result
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def check(run: PeerRun, events_count: int) -> None:
+    """Fail loudly unless the table holds what the contender promises — every event once (the floor: every
+    record) — and the stream read every record."""
+    expected_rows = run.records if run.contender == "floor" else events_count
+    problems = []
+    if run.rows != expected_rows:
+        problems.append(f"table has {run.rows} rows, expected {expected_rows}")
+    if run.distinct_ids != events_count:
+        problems.append(f"table has {run.distinct_ids} distinct event ids, expected {events_count}")
+    if run.input_rows is not None and run.input_rows != run.records:
+        problems.append(f"the stream read {run.input_rows} records, expected {run.records}")
+    if problems:
+        raise BenchmarkError(f"{run.contender} round {run.round}: " + "; ".join(problems))

@@ -1,0 +1,253 @@
+"""The dedup fast path (DESIGN 4, Dataflow's Bloom filters): which of a batch's record IDs may be committed already.
+
+The raw table is the dedup catalog; looking a batch up in it costs a scan of every record ID inside the dedup
+horizon, which grows with the table. These filters keep that cost flat: one Bloom filter of committed record
+IDs per time bucket of the raw table, all stamped with the one table version they reflect. A batch's IDs are
+probed against every bucket's filter; an ID no filter holds is proven new, and only the buckets whose filters
+answer "maybe" are looked up in the table (a partition predicate on the MERGE).
+
+The filters are derived state and never the authority. Missing, unreadable, from another hashing scheme, or
+saturated: rebuilt from the table. Behind the table: caught up from the Delta log (the record IDs of every
+data-changing commit since their stamp). A filter can only ever hold too much (a false "maybe", which costs a
+lookup), never too little, so a batch deduplicated through them is exactly what the full MERGE would give.
+
+Each filter is a blocked Bloom filter: an ID sets `PROBES` bits within one 64-bit word, so probing a whole
+batch against a bucket is two vectorised numpy operations.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass, field
+from urllib.parse import unquote
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+from pydantic import BaseModel
+
+from resources.object_store import ObjectStore
+
+log = logging.getLogger("onceflow")
+
+SCHEME = "siphash24-onceflow1/blocked64x5"
+"""Names the hashing and layout; filters written under another scheme are rebuilt, never trusted."""
+_HASH_KEY = "onceflow-ids-001"
+PROBES = 5
+BITS_PER_ID = 16
+MIN_WORDS = 1 << 10
+
+
+def id_hashes(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A 64-bit hash of each record ID (SipHash-2-4 over its UTF-8 bytes, fixed key): stable across processes."""
+    values = np.asarray(ids.to_numpy(zero_copy_only=False), dtype=object)
+    return pd.util.hash_array(values, hash_key=_HASH_KEY, categorize=False)
+
+
+def _word_and_mask(hashes: np.ndarray, words: int) -> tuple[np.ndarray, np.ndarray]:
+    index = (hashes & np.uint64(words - 1)).astype(np.int64)
+    high = hashes >> np.uint64(32)
+    mask = np.zeros(len(hashes), dtype=np.uint64)
+    for probe in range(PROBES):
+        mask |= np.uint64(1) << ((high >> np.uint64(6 * probe)) & np.uint64(63))
+    return index, mask
+
+
+@dataclass
+class BucketFilter:
+    """The IDs committed in one time bucket; `count` is how many were added (with repeats)."""
+
+    words: np.ndarray
+    count: int = 0
+
+    @classmethod
+    def sized_for(cls, ids: int) -> BucketFilter:
+        words = max(MIN_WORDS, 1 << int(np.ceil(np.log2(max(ids, 1) * 2 * BITS_PER_ID / 64))))
+        return cls(np.zeros(words, dtype=np.uint64))
+
+    @property
+    def saturated(self) -> bool:
+        return self.count * BITS_PER_ID > len(self.words) * 64
+
+    def add(self, hashes: np.ndarray) -> None:
+        index, mask = _word_and_mask(hashes, len(self.words))
+        np.bitwise_or.at(self.words, index, mask)
+        self.count += len(hashes)
+
+    def might_contain(self, hashes: np.ndarray) -> np.ndarray:
+        index, mask = _word_and_mask(hashes, len(self.words))
+        return (self.words[index] & mask) == mask
+
+
+class _Manifest(BaseModel):
+    scheme: str
+    version: int
+    covered_from: int | None = None
+    buckets: dict[int, str] = {}
+    counts: dict[int, int] = {}
+    digests: dict[int, str] = {}
+
+
+@dataclass
+class IdFilters:
+    """The filters of one raw table as of `version`: every ID that commits up to it wrote in a bucket from
+    `covered_from` on (all buckets when None) is in its bucket's filter."""
+
+    version: int
+    buckets: dict[int, BucketFilter] = field(default_factory=dict)
+    covered_from: int | None = None
+    rebuilt: bool = False
+    caught_up: int = 0
+
+    def maybe_seen(self, hashes: np.ndarray, buckets_of_ids: np.ndarray | None = None) -> tuple[np.ndarray, set[int]]:
+        """Which IDs may be committed (a boolean per ID), and the buckets that may hold them."""
+        maybe = np.zeros(len(hashes), dtype=bool)
+        where: set[int] = set()
+        for bucket, bloom in self.buckets.items():
+            hit = bloom.might_contain(hashes)
+            if hit.any():
+                maybe |= hit
+                where.add(bucket)
+        return maybe, where
+
+    def add(self, hashes: np.ndarray, buckets: np.ndarray) -> set[int]:
+        """Add IDs to their buckets' filters; returns the buckets changed. A filter past its capacity keeps
+        taking IDs (it only answers "maybe" more often) until the next load refills it larger from the table."""
+        changed: set[int] = set()
+        for bucket in np.unique(buckets):
+            mine = hashes[buckets == bucket]
+            bloom = self.buckets.setdefault(int(bucket), BucketFilter.sized_for(len(mine) * 4))
+            bloom.add(mine)
+            changed.add(int(bucket))
+        return changed
+
+    def drop_below(self, floor_bucket: int | None) -> None:
+        """Rolling: buckets below the dedup horizon are never looked up again."""
+        if floor_bucket is not None:
+            for bucket in [b for b in self.buckets if b < floor_bucket]:
+                del self.buckets[bucket]
+            self.covered_from = floor_bucket if self.covered_from is None else max(self.covered_from, floor_bucket)
+
+
+class IdFilterStore:
+    """Persists a raw table's filters in an object store (`<key>/manifest.json`, `<key>/<bucket>-<version>.bloom`).
+
+    The manifest is replaced last and names immutable bucket files, so a reader sees one consistent set; a
+    bucket file that is missing (a concurrent writer's clean-up, a deleted directory) is rebuilt from the table.
+    """
+
+    def __init__(self, store: ObjectStore, key: str, table_path: str) -> None:
+        self.store, self.key, self.table_path = store, key, table_path
+
+    def load(self, floor_bucket: int | None) -> IdFilters:
+        """The filters, caught up to the table's current version (rebuilt from the table when unusable)."""
+        table = DeltaTable(self.table_path)
+        latest = table.version()
+        filters = self._read(floor_bucket)
+        if filters is None or filters.version > latest:
+            return self._rebuild(latest, floor_bucket)
+        try:
+            added = _ids_added_since(table, filters.version, latest)
+        except FileNotFoundError:  # the log entries since the stamp are gone (log retention): start over
+            return self._rebuild(latest, floor_bucket)
+        filters.add(id_hashes(added["record_id"]), added["time_bucket"].to_numpy())
+        filters.caught_up, filters.version = latest - filters.version, latest
+        for bucket in [b for b, bloom in filters.buckets.items() if bloom.saturated]:
+            filters.buckets[bucket] = self._filled(latest, [("time_bucket", "=", bucket)])[bucket]
+        return filters
+
+    def save(self, filters: IdFilters, changed: set[int]) -> None:
+        """Write the changed buckets, then the manifest that names them with the filters' version."""
+        old = self._manifest()
+        names = dict(old.buckets) if old is not None and old.scheme == SCHEME else {}
+        names = {b: n for b, n in names.items() if b in filters.buckets}
+        digests = {b: d for b, d in old.digests.items() if b in names} if old is not None else {}
+        for bucket in changed | (set(filters.buckets) - set(names)):
+            name, data = f"{bucket}-{filters.version}.bloom", filters.buckets[bucket].words.tobytes()
+            self.store.write(f"{self.key}/{name}", data)
+            names[bucket], digests[bucket] = name, hashlib.sha256(data).hexdigest()
+        manifest = _Manifest(scheme=SCHEME, version=filters.version, covered_from=filters.covered_from, buckets=names,
+                             counts={b: filters.buckets[b].count for b in names}, digests=digests)
+        self.store.write(f"{self.key}/manifest.json", manifest.model_dump_json().encode())
+        keep = {*names.values(), "manifest.json"}
+        superseded = {*old.buckets.values()} - keep if old is not None else set()
+        for name in superseded:
+            self.store.delete(f"{self.key}/{name}")
+
+    def _manifest(self) -> _Manifest | None:
+        raw = self.store.read(f"{self.key}/manifest.json")
+        try:
+            return None if raw is None else _Manifest.model_validate_json(raw)
+        except ValueError:
+            return None
+
+    def _read(self, floor_bucket: int | None) -> IdFilters | None:
+        manifest = self._manifest()
+        if manifest is None or manifest.scheme != SCHEME:
+            return None
+        if manifest.covered_from is not None and (floor_bucket is None or floor_bucket < manifest.covered_from):
+            return None  # asked about older buckets than the filters kept (an older checkpoint's horizon)
+        filters = IdFilters(version=manifest.version, covered_from=manifest.covered_from)
+        for bucket, name in manifest.buckets.items():
+            if floor_bucket is not None and bucket < floor_bucket:
+                continue
+            data = self.store.read(f"{self.key}/{name}")
+            if data is None or hashlib.sha256(data).hexdigest() != manifest.digests.get(bucket):
+                return None  # missing, torn or altered: rebuild rather than trust part of a set
+            words = np.frombuffer(data, dtype=np.uint64).copy()
+            filters.buckets[bucket] = BucketFilter(words, manifest.counts.get(bucket, 0))
+        return filters
+
+    def _rebuild(self, version: int, floor_bucket: int | None) -> IdFilters:
+        where = None if floor_bucket is None else [("time_bucket", ">=", floor_bucket)]
+        buckets = self._filled(version, where)
+        log.info(f"{self.key}: ID filters rebuilt from the table at version {version} "
+                 f"({sum(b.count for b in buckets.values())} IDs in {len(buckets)} buckets)")
+        return IdFilters(version=version, buckets=buckets, covered_from=floor_bucket, rebuilt=True)
+
+    def _filled(self, version: int, where: list | None) -> dict[int, BucketFilter]:
+        """Filters filled from the table's rows at `version` (those matching `where`), sized with room to grow."""
+        ids = DeltaTable(self.table_path, version=version).to_pyarrow_table(
+            columns=["record_id", "time_bucket"], filters=where
+        )
+        buckets = ids["time_bucket"].to_numpy()
+        hashes = id_hashes(ids["record_id"])
+        filled = {}
+        for bucket in np.unique(buckets):
+            mine = hashes[buckets == bucket]
+            filled[int(bucket)] = bloom = BucketFilter.sized_for(len(mine) * 4)
+            bloom.add(mine)
+        return filled
+
+
+def committed_among(table_path: str, version: int, candidates: pa.Array, buckets: set[int]) -> list[str]:
+    """Which of `candidates` the table held at `version` in `buckets` (the exact lookup behind a "maybe")."""
+    held = DeltaTable(table_path, version=version).to_pyarrow_table(
+        columns=["record_id"], filters=[("time_bucket", "in", sorted(buckets))]
+    )["record_id"].combine_chunks()
+    return candidates.filter(pc.is_in(candidates, value_set=held)).unique().to_pylist()
+
+
+def _ids_added_since(table: DeltaTable, since: int, latest: int) -> pa.Table:
+    """`record_id, time_bucket` of every row that data-changing commits after `since` (up to `latest`) added."""
+    root = table.table_uri.removeprefix("file://")
+    parts = []
+    for version in range(since + 1, latest + 1):
+        with open(f"{root}/_delta_log/{version:020d}.json", encoding="utf-8") as entries:
+            for line in entries:
+                add = json.loads(line).get("add")
+                if add is None or not add.get("dataChange", True):
+                    continue  # OPTIMIZE rewrites rows already counted
+                part = pq.read_table(f"{root}/{unquote(add['path'])}", columns=["record_id"])
+                bucket = int(add["partitionValues"]["time_bucket"])
+                parts.append(part.append_column("time_bucket", pa.array([bucket] * len(part), pa.int64())))
+    if not parts:
+        return pa.table({"record_id": pa.array([], pa.string()), "time_bucket": pa.array([], pa.int64())})
+    return pa.concat_tables(parts)
+
+

@@ -1,0 +1,161 @@
+"""The dedup fast path: Bloom filters of committed IDs never change what lands, whatever state they are in.
+
+Each test ingests file batches whose records repeat records of earlier batches, with the filters deleted, restored
+from an older copy, saturated or altered between batches, and checks the raw table (read with delta-rs) holds
+every record exactly once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pyspark.sql import SparkSession
+
+from jobs.id_filters import BucketFilter, id_hashes
+from jobs.micro_batch import run_micro_batch
+from jobs.source_reader import SourceRuntime, open_source
+from orchestration.workload import Event, expected_raw, make_events
+from resources.lake import LakeResource
+from tests.delta_reader import read_rows
+from tests.pipelines import builtin
+
+RAW = ["record_id", "event_time", "key", "value"]
+START_MS = 1_763_720_000_000
+
+
+@pytest.fixture
+def incoming(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    directory = tmp_path / "incoming"
+    directory.mkdir()
+    monkeypatch.setenv("ONCEFLOW_EVENTS_SOURCE", "files")
+    monkeypatch.setenv("ONCEFLOW_EVENTS_DIR", str(directory))
+    monkeypatch.setenv("ONCEFLOW_MAX_FILES", "1")
+    return directory
+
+
+def _write(directory: Path, name: str, events: list[Event]) -> None:
+    (directory / name).write_text("".join(f"{e.json_line()}\n" for e in events))
+
+
+def _ingest_in_batches(
+    spark: SparkSession, incoming: Path, source: SourceRuntime, between: Callable[[int], None]
+) -> tuple[list[Event], list]:
+    """Four batches of 200 events over three hours; batches 2-4 each repeat 30 records of every earlier batch.
+    `between(k)` runs before batch k."""
+    events = make_events(800, START_MS, 3 * 3600_000, seed=5, prefix="b")
+    results = []
+    for k in range(4):
+        fresh = events[200 * k : 200 * (k + 1)]
+        repeats = [e for j in range(k) for e in events[200 * j : 200 * j + 30]]
+        _write(incoming, f"{k}.jsonl", fresh + repeats)
+        between(k)
+        results.append(run_micro_batch(lambda: spark, source))
+    return events, results
+
+
+def _source(home: Path) -> SourceRuntime:
+    source = open_source(builtin("events"), LakeResource(home=str(home)))
+    assert source.id_filters is not None
+    return source
+
+
+def _check(source: SourceRuntime, events: list[Event], results: list) -> None:
+    assert read_rows(source.raw_path, RAW) == expected_raw(events)
+    assert [r.inserted for r in results] == [200, 200, 200, 200]
+    assert [r.duplicates_committed for r in results] == [0, 30, 60, 90]
+    assert all(r.balances() for r in results)
+
+
+def test_the_fast_path_proves_fresh_records_new_and_finds_the_repeats(
+    spark: SparkSession, incoming: Path, home: Path
+) -> None:
+    source = _source(home)
+    events, results = _ingest_in_batches(spark, incoming, source, lambda k: None)
+    _check(source, events, results)
+    stats = [r.fast_path for r in results]
+    # Every repeat is a "maybe" and is found committed; fresh records are (nearly all) proven new without a lookup.
+    assert [s.get("committed_found", 0) for s in stats] == [0, 30, 60, 90]
+    assert all(s["proven_new"] >= 190 for s in stats)
+    assert not any(s["filters_rebuilt"] for s in stats[1:])
+
+
+def test_deleted_filters_are_rebuilt_from_the_table(spark: SparkSession, incoming: Path, home: Path) -> None:
+    source = _source(home)
+
+    def delete(k: int) -> None:
+        if k in (2, 3):
+            shutil.rmtree(home / "filters")
+
+    events, results = _ingest_in_batches(spark, incoming, source, delete)
+    _check(source, events, results)
+    assert [r.fast_path["filters_rebuilt"] for r in results][2:] == [True, True]
+
+
+def test_filters_restored_from_an_older_copy_catch_up_from_the_delta_log(
+    spark: SparkSession, incoming: Path, home: Path
+) -> None:
+    source = _source(home)
+    backup = home.parent / "filters-after-batch-1"
+
+    def restore(k: int) -> None:
+        if k == 1:
+            shutil.copytree(home / "filters", backup)
+        if k == 3:
+            shutil.rmtree(home / "filters")
+            shutil.copytree(backup, home / "filters")
+
+    events, results = _ingest_in_batches(spark, incoming, source, restore)
+    _check(source, events, results)
+    assert results[3].fast_path["filters_caught_up_commits"] == 2  # batches 2 and 3, read from the log
+    assert not results[3].fast_path["filters_rebuilt"]
+
+
+def test_saturated_and_altered_filters_still_give_exactly_once(
+    spark: SparkSession, incoming: Path, home: Path
+) -> None:
+    source = _source(home)
+
+    def damage(k: int) -> None:
+        if k == 2:  # saturated: every bit set, every ID a "maybe"; the lookups find the truth
+            _rewrite_buckets(home, lambda words: np.full_like(words, np.uint64(2**64 - 1)), sign=True)
+        if k == 3:  # altered behind the manifest's back (all bits cleared): never trusted, rebuilt
+            _rewrite_buckets(home, np.zeros_like, sign=False)
+
+    events, results = _ingest_in_batches(spark, incoming, source, damage)
+    _check(source, events, results)
+    assert results[2].fast_path["proven_new"] == 0 and not results[2].fast_path["filters_rebuilt"]
+    assert results[3].fast_path["filters_rebuilt"] is True
+
+
+def _rewrite_buckets(home: Path, change: Callable[[np.ndarray], np.ndarray], sign: bool) -> None:
+    """Change every bucket filter's bits; `sign` also records the new bytes in the manifest (a filter that really
+    is that way), else the manifest still names the old bytes (a file altered behind its back)."""
+    (manifest_path,) = (home / "filters").rglob("manifest.json")
+    manifest = json.loads(manifest_path.read_text())
+    for bucket, name in manifest["buckets"].items():
+        path = manifest_path.parent / name
+        data = change(np.frombuffer(path.read_bytes(), dtype=np.uint64)).tobytes()
+        path.write_bytes(data)
+        if sign:
+            manifest["digests"][bucket] = hashlib.sha256(data).hexdigest()
+    manifest_path.write_text(json.dumps(manifest))
+
+
+def test_a_bloom_filter_never_forgets_an_id() -> None:
+    import pyarrow as pa
+
+    ids = pa.array([f"id-{i}" for i in range(50_000)])
+    bloom = BucketFilter.sized_for(1_000)  # far too small: saturated, answers "maybe" more, never "no" wrongly
+    bloom.add(id_hashes(ids))
+    assert bloom.saturated and bloom.might_contain(id_hashes(ids)).all()
+    fresh = BucketFilter.sized_for(50_000)
+    fresh.add(id_hashes(ids))
+    others = id_hashes(pa.array([f"other-{i}" for i in range(50_000)]))
+    assert fresh.might_contain(id_hashes(ids)).all()
+    assert fresh.might_contain(others).mean() < 0.01
