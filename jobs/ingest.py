@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -145,10 +146,15 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
     classified = (
         classify(landed, contract, plan.planned_at_ms, plan.horizon_floor_ms)
         .withColumn("batch_id", F.lit(plan.batch_id).cast("bigint"))
+        .withColumn("time_bucket", F.expr(bucket_of("event_time")))
         .cache()
     )
     try:
-        _summarize(classified, result)
+        # One Spark action reads, validates and caches the batch; what the counts need comes back in a few columns.
+        slim = classified.select(
+            "reason", "record_id", "ordinal", F.unix_millis("event_time").alias("t"), "time_bucket"
+        ).toArrow()
+        _summarize(slim, result)
         if result.dead_lettered:
             dead = classified.filter(F.col("reason").isNotNull()).select(
                 "source_position", F.coalesce(F.col("payload"), F.base64("data")).alias("raw"), "reason", "detail",
@@ -158,7 +164,7 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
             result.dead_lettered_new = written.inserted
         valid = classified.filter(F.col("reason").isNull()).select(
             "record_id", "event_time", *(f.name for f in contract.schema), "payload", "source_position",
-            "publish_time", "batch_id", ingested_at, F.expr(bucket_of("event_time")).alias("time_bucket"), "ordinal",
+            "publish_time", "batch_id", ingested_at, "time_bucket", "ordinal",
         )
         valid_count = result.received - result.dead_lettered_total
         if pipeline.delivery == "at_least_once":
@@ -168,18 +174,14 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
             result.replayed = result.raw_version == before
             result.inserted = valid_count
             return result
-        unique = _first_per_id(valid)
+        firsts, repeats = _first_ids(slim.filter(pc.is_null(slim["reason"])))
+        unique = _excluding(spark, valid, "ordinal", repeats).drop("ordinal")
+        unique_count = firsts.num_rows
         if source.id_filters is None:
-            unique_count = unique.count()
-            lookup = _horizon(plan.horizon_floor_ms)
-            written = _merge_once(spark, source, plan, unique, source.raw_path, lookup, metadata)
+            written = _merge_once(spark, source, plan, unique, source.raw_path, _horizon(plan.horizon_floor_ms),
+                                  metadata)
         else:
-            unique = unique.cache()
-            try:
-                unique_count, written = _merge_with_filters(spark, source, source.id_filters, plan, unique, metadata,
-                                                            result)
-            finally:
-                unique.unpersist()
+            written = _merge_with_filters(spark, source, source.id_filters, plan, unique, firsts, metadata, result)
         result.duplicates_in_batch = valid_count - unique_count
         result.raw_version = latest_version(spark, source.raw_path)
         result.replayed, result.lost_race = written.replayed, result.lost_race or written.lost_race
@@ -197,11 +199,10 @@ def _horizon(horizon_floor_ms: int | None) -> str:
 
 def _merge_with_filters(
     spark: SparkSession, source: SourceRuntime, store: IdFilterStore, plan: BatchPlan, unique: DataFrame,
-    metadata: dict, result: IngestResult,
-) -> tuple[int, Written]:
-    """The MERGE of a batch's unique records, looking up only the buckets the ID filters cannot rule out; then
-    the batch's IDs join the filters. Returns the unique count and what the MERGE wrote."""
-    ids = unique.select("record_id", "time_bucket").toArrow()
+    ids: pa.Table, metadata: dict, result: IngestResult,
+) -> Written:
+    """Commit a batch's unique records (`ids`: their `record_id, time_bucket`), looking up only the IDs the ID
+    filters cannot rule out; then the batch's IDs join the filters."""
     floor = None if plan.horizon_floor_ms is None else plan.horizon_floor_ms // BUCKET_MS
     filters = store.load(floor)
     hashes = id_hashes(ids["record_id"])
@@ -214,8 +215,7 @@ def _merge_with_filters(
         # An ID the filters rule out is in no bucket of the table: only the "maybe" IDs are looked up, and only in
         # the buckets whose filters named them.
         seen = committed_among(source.raw_path, filters.version, ids["record_id"].filter(pa.array(maybe)), buckets)
-        if seen:
-            rows = unique.filter(~F.col("record_id").isin(*seen))
+        rows = _excluding(spark, unique, "record_id", seen)
         result.fast_path["committed_found"] = len(seen)
     else:
         seen = []
@@ -225,22 +225,33 @@ def _merge_with_filters(
         filters.version = own_commit_version(source.raw_path, metadata, after=filters.version)
         filters.drop_below(floor)
         store.save(filters, changed)
-    return ids.num_rows, written
+    return written
 
 
-def _summarize(classified: DataFrame, result: IngestResult) -> None:
-    summary = classified.groupBy("reason").agg(
-        F.count(F.lit(1)).alias("n"),
-        F.min(F.when(F.col("reason").isNull(), F.col("event_time"))).alias("min_t"),
-        F.max(F.when(F.col("reason").isNull(), F.col("event_time"))).alias("max_t"),
-    )
-    for row in summary.collect():
-        result.received += row["n"]
-        if row["reason"] is not None:
-            result.dead_lettered[row["reason"]] = row["n"]
-        elif row["n"]:
-            result.min_event_time_ms = int(row["min_t"].timestamp() * 1000)
-            result.max_event_time_ms = int(row["max_t"].timestamp() * 1000)
+def _summarize(slim: pa.Table, result: IngestResult) -> None:
+    """Counts per reason and the valid records' event-time range, from the batch's slim columns."""
+    result.received = slim.num_rows
+    for entry in pc.value_counts(slim["reason"].drop_null()).to_pylist():
+        result.dead_lettered[entry["values"]] = entry["counts"]
+    times = slim.filter(pc.is_null(slim["reason"]))["t"]
+    if len(times):
+        result.min_event_time_ms, result.max_event_time_ms = pc.min(times).as_py(), pc.max(times).as_py()
+
+
+def _first_ids(valid: pa.Table) -> tuple[pa.Table, list[int]]:
+    """The first record of each ID in landing order (`record_id, time_bucket`), and the ordinals of the rest."""
+    frame = valid.select(["record_id", "time_bucket", "ordinal"]).to_pandas().sort_values("ordinal")
+    repeated = frame.duplicated("record_id", keep="first").to_numpy()
+    firsts = pa.Table.from_pandas(frame[~repeated][["record_id", "time_bucket"]], preserve_index=False)
+    return firsts, frame["ordinal"][repeated].tolist()
+
+
+def _excluding(spark: SparkSession, rows: DataFrame, column: str, values: list) -> DataFrame:
+    """`rows` without those whose `column` is one of `values` (sent once as a small broadcast table)."""
+    if not values:
+        return rows
+    excluded = spark.createDataFrame(pa.table({column: values}))
+    return rows.join(F.broadcast(excluded), column, "left_anti")
 
 
 def _first_per_id(records: DataFrame) -> DataFrame:
