@@ -117,7 +117,8 @@ def table(result: dict[str, Any]) -> str:
     """The final printed table: median records/s per contender, and exactly_once's median divided by it."""
     summary = result["contenders"]
     onceflow = summary.get("exactly_once", {}).get("median_records_per_s")
-    lines = [f"{'contender':<16} {'median records/s':>17} {'exactly_once ÷ it':>18} {'dups after replay':>18}"]
+    header = f"{'contender':<16} {'median records/s':>17} {'exactly_once ÷ it':>18} {'dups after replay':>18}"
+    lines = [header] if summary else []
     for name, row in summary.items():
         ratio = _ratio(onceflow, row["median_records_per_s"])
         dups = row["duplicates_after_replay"]
@@ -125,7 +126,31 @@ def table(result: dict[str, Any]) -> str:
             f"{name:<16} {row['median_records_per_s']:>17,.0f} {'-' if ratio is None else f'{ratio:.2f}':>18} "
             f"{'-' if dups is None else dups:>18}"
         )
-    return "\n".join(lines)
+    return "\n".join([*lines, *extras(result)])
+
+
+def _num(value: float | None, unit: str = "") -> str:
+    return "-" if value is None else f"{value:.2f}{unit}"
+
+
+def extras(result: dict[str, Any]) -> list[str]:
+    """Printed lines for `table_growth` and `latency`, when they ran."""
+    lines = []
+    growth, latency = result.get("table_growth"), result.get("latency")
+    if growth:
+        for rows, size in growth["sizes"].items():
+            lines.append(f"table_growth {int(rows):>12,} rows: median batch {size['with_batch_s']:.2f} s with the "
+                         f"fast path, {size['without_batch_s']:.2f} s without; "
+                         f"filter rebuild {size['filter_rebuild_s']:.2f} s")
+        small, large = growth["ratio_sizes"]
+        lines.append(f"table_growth {large:,} / {small:,} rows: with the fast path "
+                     f"x{_num(growth['ratio_with_fast_path'])}, without x{_num(growth['ratio_without'])}")
+    if latency:
+        lines.append(f"latency: publish -> raw committed p50 {_num(latency['publish_to_raw_p50_s'], ' s')}, "
+                     f"p90 {_num(latency['publish_to_raw_p90_s'], ' s')}; drain "
+                     f"{latency['landed_records_per_s']:,.0f} records/s; tick -> commit: "
+                     f"{_num(latency['tick_to_commit_median_s'], ' s')} ({latency.get('tick_to_commit_note', '')})")
+    return lines
 
 
 def write(result: dict[str, Any], directory: Path) -> tuple[Path, Path]:
@@ -137,15 +162,36 @@ def write(result: dict[str, Any], directory: Path) -> tuple[Path, Path]:
 
 def chart(result: dict[str, Any], path: Path) -> None:
     """Median records/s per contender as bars (log scale), each round's value as a dot, exactly_once ÷ it under
-    each bar."""
+    each bar; beside it the table growth panel when that ran; the latency figures as a footnote."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    growth, latency = result.get("table_growth"), result.get("latency")
+    bars = bool(result["contenders"]) or not growth
+    widths = [1.6] * bars + [1] * bool(growth)
+    fig, panels = plt.subplots(1, len(widths), figsize=(6 * sum(widths) + 0.4, 5), squeeze=False,
+                               gridspec_kw={"width_ratios": widths})
+    if bars:
+        contenders_chart(panels[0][0], result)
+    if growth:
+        growth_chart(panels[0][-1], growth)
+    loads = [x for r in result["runs"] for x in (r["load_avg_1m_before"], r["load_avg_1m_after"])]
+    if loads:
+        fig.text(0.01, 0.01, f"1-minute load average during the timed runs: {min(loads):.1f}-{max(loads):.1f}",
+                 fontsize=8)
+    if latency:
+        fig.text(0.99, 0.01, extras({"latency": latency})[0], fontsize=8, ha="right")
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def contenders_chart(axes: Any, result: dict[str, Any]) -> None:
+    """The contenders' bars (see `chart`)."""
     summary, config, machine = result["contenders"], result["config"], result["machine"]
     onceflow = summary.get("exactly_once", {}).get("median_records_per_s")
-    fig, axes = plt.subplots(figsize=(10, 5))
     labels = []
     for x, (name, row) in enumerate(summary.items()):
         median = row["median_records_per_s"]
@@ -172,10 +218,25 @@ def chart(result: dict[str, Any], path: Path) -> None:
         f"{config['rounds']} rounds; {machine['cpus']} cores",
         fontsize=10,
     )
-    loads = [x for r in result["runs"] for x in (r["load_avg_1m_before"], r["load_avg_1m_after"])]
-    if loads:
-        fig.text(0.01, 0.01, f"1-minute load average during the timed runs: {min(loads):.1f}-{max(loads):.1f}",
-                 fontsize=8)
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+
+
+def growth_chart(axes: Any, growth: dict[str, Any]) -> None:
+    """Median seconds per batch against raw table rows, with and without the fast path; filter rebuilds noted."""
+    sizes = sorted(growth["sizes"].values(), key=lambda size: size["rows"])
+    rows = [size["rows"] for size in sizes]
+    lines = (("with_batch_s", "with fast path", "tab:blue"), ("without_batch_s", "without", "tab:red"))
+    for key, label, color in lines:
+        axes.plot(rows, [size[key] for size in sizes], "o-", color=color, label=label)
+    for size in sizes:
+        axes.annotate(f"rebuild {size['filter_rebuild_s']:.1f} s", (size["rows"], size["with_batch_s"]),
+                      textcoords="offset points", xytext=(0, -14), ha="center", fontsize=7)
+    axes.set_xscale("log")
+    axes.set_ylim(bottom=0)
+    axes.set_xlabel("raw table rows inside the dedup horizon")
+    axes.set_ylabel("seconds per batch (median)")
+    config = growth["config"]
+    axes.set_title(f"table growth: x{_num(growth['ratio_with_fast_path'])} with the fast path, "
+                   f"x{_num(growth['ratio_without'])} without\n({config['records_per_batch']:,} records per batch)",
+                   fontsize=9)
+    axes.legend(fontsize=8)
+    axes.grid(alpha=0.3)

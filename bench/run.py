@@ -12,8 +12,8 @@ order; each figure is the median records/s per contender. Only the ingest itself
 each timed run of `exactly_once` and of the streams, the last batch is replayed as after a crash between the sink
 commit and the checkpoint update, and the duplicates the table then holds are counted (not timed).
 
-Then `table_growth` and `latency` (`bench/table_growth.py`, `bench/latency.py`). Writes
-`bench/results/latest.json` and the chart `bench/results/latest.png` (see `bench/report.py`).
+Then `table_growth` (`--growth-*`) and `latency` (`--latency-*`): `bench/table_growth.py`, `bench/latency.py`.
+Writes `bench/results/latest.json` and the chart `bench/results/latest.png` (see `bench/report.py`).
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from pyspark.sql import SparkSession
 
 from bench import ingest_throughput, peer, report
 from bench.ingest_throughput import BenchmarkError, Config
-from bench.latency import latency
-from bench.table_growth import table_growth
+from bench.latency import BURST_EVENTS, BURSTS, DRAIN_EVENTS, latency
+from bench.table_growth import BATCH_RECORDS, BATCHES, SIZES, parse_sizes, table_growth
 from jobs.micro_batch import run_micro_batch
 from jobs.source_reader import open_source
 from resources.checkpoint import SourceCheckpoint
@@ -185,6 +185,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--results", type=Path, default=RESULTS, help=f"output directory (default: {RESULTS})"
     )
+    growth = parser.add_argument_group("table_growth")
+    growth.add_argument("--growth-rows", type=parse_sizes, default=SIZES, metavar="N,N",
+                        help=f"raw table sizes (default: {','.join(map(str, SIZES))})")
+    growth.add_argument("--growth-batches", type=int, default=BATCHES,
+                        help="timed batches per size and home (default: %(default)s)")
+    growth.add_argument("--growth-batch-records", type=int, default=BATCH_RECORDS,
+                        help="records per timed batch (default: %(default)s)")
+    lat = parser.add_argument_group("latency")
+    lat.add_argument("--latency-bursts", type=int, default=BURSTS,
+                     help="timed publish -> commit bursts (default: %(default)s)")
+    lat.add_argument("--latency-burst-events", type=int, default=BURST_EVENTS,
+                     help="events per burst (default: %(default)s)")
+    lat.add_argument("--latency-drain-events", type=int, default=DRAIN_EVENTS,
+                     help="events published, then drained, for landed_records_per_s (default: %(default)s)")
     args = parser.parse_args(argv)
     contenders, extras = selected(args.only)
     config = Config(events=args.events, rounds=args.rounds)
