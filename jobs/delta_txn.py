@@ -12,6 +12,7 @@ metrics of the commit that did a batch's work, and the retention every onceflow 
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,6 +27,7 @@ _APP_ID = "spark.databricks.delta.write.txnAppId"
 _VERSION = "spark.databricks.delta.write.txnVersion"
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 _lock = threading.Lock()
+_created: set[str] = set()
 # How Delta names the conflicts of two writers committing at once (class names, or error classes over Connect).
 _CONFLICTS = ("DELTA_CONCURRENT_", "ConcurrentAppendException", "ConcurrentTransactionException",
               "ConcurrentDeleteReadException", "ConcurrentDeleteDeleteException", "MetadataChangedException")
@@ -39,9 +41,12 @@ def is_concurrent_commit(error: BaseException) -> bool:
 def create_table_once(spark: SparkSession, path: str, definition: str) -> None:
     """`CREATE TABLE IF NOT EXISTS delta.`path` <definition>`, when another writer may be creating it at the same
     moment (two first runs): whoever loses that race finds the table made, which is all it wanted."""
+    if path in _created and (("://" in path) or os.path.isdir(f"{path}/_delta_log")):
+        return  # the common case: this process made or saw it, and it is still there
     try:
         DeltaTable(path)
-        return  # the common case, without a Spark command
+        _created.add(path)
+        return
     except TableNotFoundError:
         pass
     try:

@@ -1,9 +1,16 @@
-"""The Dagster job `ingest_<pipeline>`: one land + ingest micro-batch of the pipeline's source.
+"""The Dagster job `ingest_<pipeline>`: land + ingest micro-batches of the pipeline's source.
 
 Dagster runs are at-least-once; the exactly-once boundary is the Delta commit inside `run_micro_batch`. Each
 batch is recorded as a materialization of the `raw_<pipeline>` asset, so Dagster plots the counts over time.
+
+A run takes one batch, then, for `run_s` seconds (`ONCEFLOW_MICRO_BATCH_RUN_S`, 0 by default), keeps polling the
+source and taking the next batch as soon as there is one: a warm process with its Spark session commits a batch
+in seconds, where a new run first spends seconds starting. It holds the source's pool the while, so one batch is
+still in flight at a time, and each batch is its own materialization with `requested_at_ms` (the sensor's request
+for the run's first batch, the run's own poll for the next ones) and `committed_at_ms`.
 """
 
+import time
 from typing import Any
 
 import dagster as dg
@@ -51,11 +58,16 @@ def ingest_metadata(result: IngestResult) -> dict[str, Any]:
         metadata[f"dead_lettered_{reason}"] = count
     if result.max_event_time_ms is not None:
         metadata["max_event_time_ms"] = result.max_event_time_ms
+    for name, value in (result.fast_path or {}).items():
+        metadata[f"fast_path_{name}"] = value
     return metadata
 
 
-def build_ingest_job(pipeline: Pipeline) -> dg.JobDefinition:
-    """The micro-batch job of a pipeline, named `ingest_<name>`."""
+POLL_S = 1.0
+
+
+def build_ingest_job(pipeline: Pipeline, run_s: float = 0.0) -> dg.JobDefinition:
+    """The micro-batch job of a pipeline, named `ingest_<name>`; its runs take batches for `run_s` seconds."""
     raw_key = raw_asset_key(pipeline)
 
     @dg.op(name=f"micro_batch_{pipeline.name}", pool=source_pool(pipeline))
@@ -63,25 +75,49 @@ def build_ingest_job(pipeline: Pipeline) -> dg.JobDefinition:
         context: dg.OpExecutionContext, spark: SparkResource, lake: LakeResource, pubsub: PubSubResource
     ) -> None:
         record_worker(context)
-        result = run_micro_batch(spark.get_session, open_source(pipeline, lake, pubsub.client))
-        if result is None:
+        source = open_source(pipeline, lake, pubsub.client)
+        record = context.instance.get_run_record_by_id(context.run_id)
+        requested_ms = int(record.create_timestamp.timestamp() * 1000) if record else _now_ms()
+        until, committed = time.monotonic() + run_s, 0
+        while True:
+            result = run_micro_batch(spark.get_session, source)
+            if result is not None:
+                _report(context, raw_key, pipeline, result, requested_ms)
+                committed += 1
+            if time.monotonic() >= until:
+                break
+            if result is None:
+                time.sleep(POLL_S)
+            requested_ms = _now_ms()
+        if not committed:
             context.log.info(f"{pipeline.source_id}: no new data")
-            return
-        if not result.balances():
-            raise RuntimeError(f"batch {result.batch_id} does not balance: {result}")
-        context.log.info(
-            f"{pipeline.source_id} batch {result.batch_id}: read {result.received}, inserted {result.inserted}, "
-            f"duplicates {result.duplicates}, dead-lettered {result.dead_lettered_new}"
-            + (" (replayed batch: already committed, nothing written)" if result.replayed else "")
-        )
-        context.log_event(dg.AssetMaterialization(asset_key=raw_key, metadata=ingest_metadata(result)))
 
     @dg.job(
         name=f"ingest_{pipeline.name}",
-        description=f"One land + ingest micro-batch of `{pipeline.source_id}` into `{pipeline.raw_table}`.",
+        description=f"Land + ingest micro-batches of `{pipeline.source_id}` into `{pipeline.raw_table}`.",
         tags=source_tag(pipeline),
     )
     def ingest() -> None:
         micro_batch()
 
     return ingest
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _report(
+    context: dg.OpExecutionContext, raw_key: dg.AssetKey, pipeline: Pipeline, result: IngestResult,
+    requested_ms: int,
+) -> None:
+    """Check a committed batch balances, say what it did and record it as a materialization."""
+    if not result.balances():
+        raise RuntimeError(f"batch {result.batch_id} does not balance: {result}")
+    context.log.info(
+        f"{pipeline.source_id} batch {result.batch_id}: read {result.received}, inserted {result.inserted}, "
+        f"duplicates {result.duplicates}, dead-lettered {result.dead_lettered_new}"
+        + (" (replayed batch: already committed, nothing written)" if result.replayed else "")
+    )
+    metadata = {**ingest_metadata(result), "requested_at_ms": requested_ms, "committed_at_ms": _now_ms()}
+    context.log_event(dg.AssetMaterialization(asset_key=raw_key, metadata=metadata))

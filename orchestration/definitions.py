@@ -44,7 +44,7 @@ def build_definitions(settings: Settings | None = None) -> dg.Definitions:
     return dg.Definitions(
         assets=[raw_asset(p) for p in pipelines] + [build_window_asset(p, o) for p, o in outputs],
         asset_checks=[build_commits_check(o.asset) for _, o in outputs],
-        jobs=[build_ingest_job(p) for p in pipelines] + [finalize_commits, maintenance],
+        jobs=[build_ingest_job(p, settings.micro_batch_run_s) for p in pipelines] + [finalize_commits, maintenance],
         schedules=[maintenance_schedule],
         sensors=[build_micro_batch_sensor(p, settings.idle_tick_s) for p in pipelines]
         + [build_window_sensor(p, o) for p, o in outputs]

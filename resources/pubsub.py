@@ -23,6 +23,7 @@ from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransp
 # The emulator answers an empty pull about 1 s before the client timeout; a short timeout keeps polling quick.
 EMPTY_PULL_TIMEOUT_S = 2.0
 MAX_PULL = 1000
+DRAINED_PULL_TIMEOUT_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -135,13 +136,17 @@ class PubSubClient:
         lease.start()
         try:
             deadline = time.monotonic() + max_seconds
+            timeout = EMPTY_PULL_TIMEOUT_S
             while len(batch.messages) < max_messages and time.monotonic() < deadline:
                 wanted = min(MAX_PULL, max_messages - len(batch.messages))
-                pulled = self.pull(subscription, wanted)
+                pulled = self.pull(subscription, wanted, timeout)
                 if not pulled:
                     break
                 with lock:
                     batch.messages.extend(pulled)
+                if len(pulled) < wanted:
+                    # What was waiting has come: the pull that confirms the drain need not wait long.
+                    timeout = DRAINED_PULL_TIMEOUT_S
             yield batch
         finally:
             stop.set()

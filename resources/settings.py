@@ -59,6 +59,9 @@ class Settings(BaseSettings):
     watermark_band_s: int = Field(default=10, ge=0)
     watermark_idle_s: int = Field(default=120, gt=0)
     idle_tick_s: float = Field(default=15.0, gt=0)
+    micro_batch_run_s: float = Field(
+        default=0.0, ge=0, description="How long a micro-batch run keeps taking batches after its first (0: one)."
+    )
 
     events_source: Literal["pubsub", "files"] = "pubsub"
     events_dir: str | None = None

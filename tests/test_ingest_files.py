@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import threading
+import time
 from pathlib import Path
 
+import dagster as dg
 import pytest
 from pyspark.sql import SparkSession
 
 from jobs.declaration import Pipeline
+from jobs.delta_txn import committed_batch
 from jobs.micro_batch import run_micro_batch
 from jobs.source_reader import SourceRuntime, open_source
 from orchestration.workload import Event, expected_raw, make_events
@@ -146,3 +151,34 @@ def test_a_file_changed_after_planning_is_an_error_naming_it(
     with pytest.raises(FileChangedError, match=r"b\.jsonl changed after batch planning"):
         run_micro_batch(lambda: spark, source)
     assert not Path(source.raw_path).exists() or read_rows(source.raw_path, ["record_id"]) == []
+
+
+def test_a_warm_run_takes_each_new_batch_as_its_own_materialization(incoming: Path, home: Path, tmp_path: Path) -> None:
+    """`ONCEFLOW_MICRO_BATCH_RUN_S`: one run commits a batch, polls, and commits the next file as batch 2, each
+    recorded as a materialization of `raw_events` with when it was requested and committed."""
+    first = make_events(50, START_MS, 60_000, seed=31, prefix="w1")
+    second = make_events(50, START_MS + 60_000, 60_000, seed=32, prefix="w2")
+    write_jsonl(incoming / "1.jsonl", [e.json_line() for e in first])
+    dagster_home = tmp_path / "dagster"
+    dagster_home.mkdir()
+    outcome: list[subprocess.CompletedProcess[str]] = []
+    run = threading.Thread(target=lambda: outcome.append(
+        dagster_micro_batch(str(home), None, dagster_home=str(dagster_home), micro_batch_run_s="25")
+    ))
+    run.start()
+    raw = LakeResource(home=str(home)).table_path("raw/events")
+    deadline = time.monotonic() + 120
+    while (committed_batch(raw, "events/files") or 0) < 1 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    write_jsonl(incoming / "2.jsonl", [e.json_line() for e in second])  # arrives while the run is warm
+    run.join(timeout=200)
+    assert outcome and outcome[0].returncode == 0, outcome[0].stdout[-3000:] + outcome[0].stderr[-3000:]
+
+    assert read_rows(raw, RAW) == expected_raw(first + second)
+    with dg.DagsterInstance.from_config(str(dagster_home)) as instance:
+        (record,) = instance.get_run_records()
+        events = instance.all_logs(record.dagster_run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
+    metadata = [{k: v.value for k, v in e.asset_materialization.metadata.items()} for e in events]
+    assert [(m["batch_id"], m["inserted"]) for m in metadata] == [(1, 50), (2, 50)]
+    assert metadata[0]["requested_at_ms"] == int(record.create_timestamp.timestamp() * 1000)
+    assert metadata[0]["committed_at_ms"] <= metadata[1]["requested_at_ms"] < metadata[1]["committed_at_ms"]
