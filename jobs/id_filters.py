@@ -41,6 +41,7 @@ _HASH_KEY = "onceflow-ids-001"
 PROBES = 5
 BITS_PER_ID = 16
 MIN_WORDS = 1 << 10
+RECENT_COMMITS = 8
 
 
 def id_hashes(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
@@ -225,12 +226,30 @@ class IdFilterStore:
         return filled
 
 
-def committed_among(table_path: str, version: int, candidates: pa.Array, buckets: set[int]) -> list[str]:
-    """Which of `candidates` the table held at `version` in `buckets` (the exact lookup behind a "maybe")."""
-    held = DeltaTable(table_path, version=version).to_pyarrow_table(
-        columns=["record_id"], filters=[("time_bucket", "in", sorted(buckets))]
-    )["record_id"].combine_chunks()
-    return candidates.filter(pc.is_in(candidates, value_set=held)).unique().to_pylist()
+def committed_among(
+    filters: IdFilters, table_path: str, candidates: pa.Array | pa.ChunkedArray
+) -> tuple[list[str], int]:
+    """Which of `candidates` (IDs the filters answered "maybe" for) the table held at the filters' version: the
+    exact lookup. Returns them and how many buckets had to be read whole.
+
+    Repeats are mostly recent (publisher retries, redeliveries), so the rows of the last `RECENT_COMMITS`
+    commits are looked at first, a cost that does not grow with the table; only IDs not found there are looked
+    up in the buckets whose filters name them.
+    """
+    if isinstance(candidates, pa.ChunkedArray):
+        candidates = candidates.combine_chunks()
+    table = DeltaTable(table_path, version=filters.version)
+    try:
+        recent = _ids_added_since(table, max(-1, filters.version - RECENT_COMMITS), filters.version)["record_id"]
+    except FileNotFoundError:
+        recent = pa.chunked_array([], pa.string())
+    found = pc.is_in(candidates, value_set=recent.combine_chunks())
+    seen, rest = candidates.filter(found), candidates.filter(pc.invert(found))
+    _, buckets = filters.maybe_seen(id_hashes(rest)) if len(rest) else (None, set())
+    if buckets:
+        held = table.to_pyarrow_table(columns=["record_id"], filters=[("time_bucket", "in", sorted(buckets))])
+        seen = pa.concat_arrays([seen, rest.filter(pc.is_in(rest, value_set=held["record_id"].combine_chunks()))])
+    return seen.unique().to_pylist(), len(buckets)
 
 
 def _ids_added_since(table: DeltaTable, since: int, latest: int) -> pa.Table:

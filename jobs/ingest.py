@@ -211,17 +211,13 @@ def _merge_with_filters(
     hashes = id_hashes(ids["record_id"])
     maybe, buckets = filters.maybe_seen(hashes)
     result.fast_path = {"proven_new": int(len(hashes) - maybe.sum()), "maybe_seen": int(maybe.sum()),
-                        "buckets_looked_up": len(buckets), "filters_rebuilt": filters.rebuilt,
-                        "filters_caught_up_commits": filters.caught_up}
-    rows = unique
+                        "filters_rebuilt": filters.rebuilt, "filters_caught_up_commits": filters.caught_up}
+    rows, seen = unique, []
     if buckets:
-        # An ID the filters rule out is in no bucket of the table: only the "maybe" IDs are looked up, and only in
-        # the buckets whose filters named them.
-        seen = committed_among(source.raw_path, filters.version, ids["record_id"].filter(pa.array(maybe)), buckets)
+        # An ID the filters rule out is in no bucket of the table: only the "maybe" IDs are looked up.
+        seen, read = committed_among(filters, source.raw_path, ids["record_id"].filter(pa.array(maybe)))
         rows = _excluding(spark, unique, "record_id", seen)
-        result.fast_path["committed_found"] = len(seen)
-    else:
-        seen = []
+        result.fast_path.update({"committed_found": len(seen), "buckets_read": read})
     written = _append_new(spark, source, plan, rows, ids.num_rows - len(seen), metadata)
     if not written.replayed:
         changed = filters.add(hashes, ids["time_bucket"].to_numpy())
