@@ -45,6 +45,7 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 BITS_PER_ID = 16
 MIN_WORDS = 1 << 10
 RECENT_COMMITS = 8
+RECENT_ROWS = 1_000_000
 
 
 def id_hashes(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
@@ -240,18 +241,18 @@ def committed_among(
     """Which of `candidates` (IDs the filters answered "maybe" for) the table held at the filters' version: the
     exact lookup. Returns them and how many buckets had to be read whole.
 
-    Repeats are mostly recent (publisher retries, redeliveries), so the rows of the last `RECENT_COMMITS`
-    commits are looked at first, a cost that does not grow with the table; only IDs not found there are looked
-    up in the buckets whose filters name them.
+    Repeats are mostly recent (publisher retries, redeliveries), so the rows of the last few commits (see
+    `_recent_ids`) are looked at first, a cost that does not grow with the table; only IDs not found there are
+    looked up in the buckets whose filters name them.
     """
     if isinstance(candidates, pa.ChunkedArray):
         candidates = candidates.combine_chunks()
     table = DeltaTable(table_path, version=filters.version)
     try:
-        recent = _ids_added_since(table, max(-1, filters.version - RECENT_COMMITS), filters.version)["record_id"]
+        recent = _recent_ids(table, filters.version)
     except FileNotFoundError:
-        recent = pa.chunked_array([], pa.string())
-    found = pc.is_in(candidates, value_set=recent.combine_chunks())
+        recent = pa.array([], pa.string())
+    found = pc.is_in(candidates, value_set=recent)
     seen, rest = candidates.filter(found), candidates.filter(pc.invert(found))
     _, buckets = filters.maybe_seen(id_hashes(rest)) if len(rest) else (None, set())
     if buckets:
@@ -262,19 +263,38 @@ def committed_among(
 
 def _ids_added_since(table: DeltaTable, since: int, latest: int) -> pa.Table:
     """`record_id, time_bucket` of every row that data-changing commits after `since` (up to `latest`) added."""
+    return _read_adds(table, [add for version in range(since + 1, latest + 1) for add in _data_adds(table, version)])
+
+
+def _recent_ids(table: DeltaTable, version: int) -> pa.Array:
+    """The record IDs of the newest commits up to `version`: at most `RECENT_COMMITS` of them, newest first, and
+    only while they hold `RECENT_ROWS` rows in all (a bulk load is not "recent" enough to be worth reading)."""
+    adds: list[dict] = []
+    rows = 0
+    for v in range(version, max(-1, version - RECENT_COMMITS), -1):
+        commit = _data_adds(table, v)
+        rows += sum(json.loads(a.get("stats") or '{"numRecords": 1e18}').get("numRecords", 1e18) for a in commit)
+        if rows > RECENT_ROWS:
+            break
+        adds += commit
+    return _read_adds(table, adds)["record_id"].combine_chunks()
+
+
+def _data_adds(table: DeltaTable, version: int) -> list[dict]:
+    """The files a commit added with new rows (OPTIMIZE rewrites rows already counted)."""
+    root = table.table_uri.removeprefix("file://")
+    with open(f"{root}/_delta_log/{version:020d}.json", encoding="utf-8") as entries:
+        adds = [json.loads(line).get("add") for line in entries]
+    return [a for a in adds if a is not None and a.get("dataChange", True)]
+
+
+def _read_adds(table: DeltaTable, adds: list[dict]) -> pa.Table:
     root = table.table_uri.removeprefix("file://")
     parts = []
-    for version in range(since + 1, latest + 1):
-        with open(f"{root}/_delta_log/{version:020d}.json", encoding="utf-8") as entries:
-            for line in entries:
-                add = json.loads(line).get("add")
-                if add is None or not add.get("dataChange", True):
-                    continue  # OPTIMIZE rewrites rows already counted
-                part = pq.read_table(f"{root}/{unquote(add['path'])}", columns=["record_id"])
-                bucket = int(add["partitionValues"]["time_bucket"])
-                parts.append(part.append_column("time_bucket", pa.array([bucket] * len(part), pa.int64())))
+    for add in adds:
+        part = pq.read_table(f"{root}/{unquote(add['path'])}", columns=["record_id"])
+        bucket = int(add["partitionValues"]["time_bucket"])
+        parts.append(part.append_column("time_bucket", pa.array([bucket] * len(part), pa.int64())))
     if not parts:
         return pa.table({"record_id": pa.array([], pa.string()), "time_bucket": pa.array([], pa.int64())})
     return pa.concat_tables(parts)
-
-
