@@ -8,6 +8,9 @@ import sys
 import tempfile
 import time
 import uuid
+from pathlib import Path
+
+import pytest
 
 from jobs.declaration import FileSink, Pipeline, PubSubSource, WindowedOutput
 from jobs.micro_batch import run_micro_batch
@@ -120,3 +123,13 @@ def dagster_materialize(
         dagster_home,
         **settings,
     )
+
+
+def events_from_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, max_files: int) -> Path:
+    """Point the built-in `events` pipeline at a fresh directory of JSON-lines files, `max_files` per batch."""
+    directory = tmp_path / "incoming"
+    directory.mkdir()
+    monkeypatch.setenv("ONCEFLOW_EVENTS_SOURCE", "files")
+    monkeypatch.setenv("ONCEFLOW_EVENTS_DIR", str(directory))
+    monkeypatch.setenv("ONCEFLOW_MAX_FILES", str(max_files))
+    return directory

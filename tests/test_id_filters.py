@@ -23,7 +23,7 @@ from jobs.source_reader import SourceRuntime, open_source
 from orchestration.workload import Event, expected_raw, make_events
 from resources.lake import LakeResource
 from tests.delta_reader import read_rows
-from tests.pipelines import builtin
+from tests.pipelines import builtin, events_from_files
 
 RAW = ["record_id", "event_time", "key", "value"]
 START_MS = 1_763_720_000_000
@@ -31,12 +31,7 @@ START_MS = 1_763_720_000_000
 
 @pytest.fixture
 def incoming(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    directory = tmp_path / "incoming"
-    directory.mkdir()
-    monkeypatch.setenv("ONCEFLOW_EVENTS_SOURCE", "files")
-    monkeypatch.setenv("ONCEFLOW_EVENTS_DIR", str(directory))
-    monkeypatch.setenv("ONCEFLOW_MAX_FILES", "1")
-    return directory
+    return events_from_files(tmp_path, monkeypatch, max_files=1)
 
 
 def _write(directory: Path, name: str, events: list[Event]) -> None:

@@ -21,7 +21,7 @@ from orchestration.workload import Event, expected_raw, make_events
 from resources.files import FileChangedError
 from resources.lake import LakeResource
 from tests.delta_reader import read_rows
-from tests.pipelines import builtin, dagster_micro_batch, drain
+from tests.pipelines import builtin, dagster_micro_batch, drain, events_from_files
 
 RAW = ["record_id", "event_time", "key", "value"]
 START_MS = 1_763_720_000_000
@@ -41,12 +41,7 @@ def write_jsonl(path: Path, lines: list[str]) -> None:
 
 @pytest.fixture
 def incoming(tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    directory = tmp_path / "incoming"
-    directory.mkdir()
-    monkeypatch.setenv("ONCEFLOW_EVENTS_SOURCE", "files")
-    monkeypatch.setenv("ONCEFLOW_EVENTS_DIR", str(directory))
-    monkeypatch.setenv("ONCEFLOW_MAX_FILES", "2")
-    return directory
+    return events_from_files(tmp_path, monkeypatch, max_files=2)
 
 
 def seed_files(directory: Path) -> list[Event]:
