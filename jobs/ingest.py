@@ -34,7 +34,7 @@ from jobs.delta_txn import (
     is_concurrent_commit,
     latest_version,
     own_commit_version,
-    retention_properties,
+    table_properties,
 )
 from jobs.id_filters import IdFilterStore, committed_among, id_hashes
 from jobs.schema import field_ddl
@@ -122,7 +122,7 @@ class IngestResult:
 def ensure_raw_table(spark: SparkSession, raw_path: str, pipeline: Pipeline) -> None:
     create_table_once(
         spark, raw_path, f"({raw_columns(pipeline.record_schema)}) USING delta PARTITIONED BY (time_bucket) "
-        f"{retention_properties(pipeline.retention_s)}",
+        f"{table_properties(pipeline.retention_s)}",
     )
 
 
@@ -130,7 +130,7 @@ def ensure_tables(spark: SparkSession, source: SourceRuntime) -> None:
     ensure_raw_table(spark, source.raw_path, source.pipeline)
     create_table_once(
         spark, source.dead_letter_path,
-        f"({DEAD_LETTER_COLUMNS}) USING delta {retention_properties(source.pipeline.retention_s)}",
+        f"({DEAD_LETTER_COLUMNS}) USING delta {table_properties(source.pipeline.retention_s)}",
     )
 
 
@@ -171,10 +171,9 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
         )
         valid_count = result.received - result.dead_lettered_total
         if pipeline.delivery == "at_least_once":
-            before = latest_version(spark, source.raw_path)
-            append_once(valid.drop("ordinal"), source.raw_path, source.app_id, plan.batch_id, metadata)
+            result.replayed = not append_once(valid.drop("ordinal"), source.raw_path, source.app_id, plan.batch_id,
+                                              metadata)
             result.raw_version = latest_version(spark, source.raw_path)
-            result.replayed = result.raw_version == before
             result.inserted = valid_count
             return result
         firsts, repeats = _first_ids(slim.filter(pc.is_null(slim["reason"])))
@@ -301,10 +300,7 @@ def _append_new(
     """Append rows known to be new (no ID of theirs in the table), as the transaction `(app id, batch)`."""
 
     def append() -> int | None:
-        if (committed_batch(source.raw_path, source.app_id) or 0) >= plan.batch_id:
-            return None
-        append_once(rows, source.raw_path, source.app_id, plan.batch_id, metadata)
-        return count
+        return count if append_once(rows, source.raw_path, source.app_id, plan.batch_id, metadata) else None
 
     return _commit_once(spark, source, plan, source.raw_path, metadata, append)
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pyspark.sql import SparkSession
 
 from jobs.declaration import Pipeline
-from jobs.delta_txn import retention_properties
+from jobs.delta_txn import table_properties
 from jobs.ingest import BUCKET_MS
 from jobs.panes import PaneClose, Window
 
@@ -58,7 +58,7 @@ def maintain(
     for name, path in tables.items():
         if not _exists(spark, path):
             continue
-        spark.sql(f"ALTER TABLE delta.`{path}` SET {retention_properties(pipeline.retention_s)}")
+        spark.sql(f"ALTER TABLE delta.`{path}` SET {table_properties(pipeline.retention_s)}")
         below = None
         if name == "raw" and horizon_floor_ms is not None:
             below = horizon_floor_ms // BUCKET_MS

@@ -22,7 +22,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from jobs.declaration import Pipeline, WindowedOutput
-from jobs.delta_txn import create_table_once, is_concurrent_commit, latest_version, retention_properties
+from jobs.delta_txn import create_table_once, is_concurrent_commit, latest_version, table_properties
 from jobs.ingest import BUCKET_MS, ensure_raw_table
 from jobs.maintenance import check_pinned_input
 from jobs.panes import EARLY, LATE, ON_TIME, CloseStore, PaneClose, Window
@@ -230,7 +230,7 @@ def _merge_panes(
         result = result.unionByName(more_rows)
     result = result.cache()
     try:
-        _check_output(spark, output, windows_path, result, retention_properties(pipeline.retention_s))
+        _check_output(spark, output, windows_path, result, table_properties(pipeline.retention_s))
         rows = {
             int(r["s"]): int(r["n"])
             for r in result.groupBy("window_start").agg(F.expr("unix_millis(window_start) AS s"), F.count("*").alias("n")).collect()
