@@ -101,11 +101,15 @@ def _kind_fits(kind: Column, data_type: T.DataType) -> Column:
     return F.lit(True)  # VARIANT takes any JSON value
 
 
+def _kind_column(index: int) -> str:
+    return f"_kind_{index}"
+
+
 def _field_checks(schema: T.StructType) -> list[tuple[Column, str, Column]]:
     checks = []
-    for field in schema:
+    for index, field in enumerate(schema):
         name, declared = field.name, field.dataType.simpleString().upper()
-        kind = F.schema_of_variant(F.variant_get("v", f"$.{name}", "variant"))
+        kind = F.col(_kind_column(index))
         absent = kind.isNull() | (kind == "VOID")
         value = F.col(name)
         if not field.nullable:
@@ -148,8 +152,11 @@ def classify(
         .withColumn("_time_raw", time_raw)
         .withColumn("event_time", F.when(F.col("_time_raw").isNull(), fallback).otherwise(parse_time(F.col("_time_raw"))))
     )
-    for field in contract.schema:
-        df = df.withColumn(field.name, _field_value(field.name, field.dataType))
+    for index, field in enumerate(contract.schema):
+        df = df.withColumn(field.name, _field_value(field.name, field.dataType)).withColumn(
+            # Each field's JSON kind once per record (the checks below read it several times).
+            _kind_column(index), F.schema_of_variant(F.variant_get("v", f"$.{field.name}", "variant"))
+        )
 
     event_time = F.col("event_time")
     checks: list[tuple[Column, str, Column]] = [
@@ -190,11 +197,17 @@ def classify(
                 ),
             )
         )
-    reason, detail = F.lit(None).cast("string"), F.lit(None).cast("string")
+    # One chain of conditions gives both the reason and its detail: each check is evaluated once per record.
+    verdict = F.struct(F.lit(None).cast("string").alias("reason"), F.lit(None).cast("string").alias("detail"))
     for condition, name, text in reversed(checks):
-        reason = F.when(condition, F.lit(name)).otherwise(reason)
-        detail = F.when(condition, text).otherwise(detail)
-    return df.withColumn("reason", reason).withColumn("detail", detail).drop("v", "_top", "_bytes", "_time_raw")
+        verdict = F.when(condition, F.struct(F.lit(name).alias("reason"), text.alias("detail"))).otherwise(verdict)
+    kinds = [_kind_column(index) for index in range(len(contract.schema))]
+    return (
+        df.withColumn("_verdict", verdict)
+        .withColumn("reason", F.col("_verdict.reason"))
+        .withColumn("detail", F.col("_verdict.detail"))
+        .drop("v", "_top", "_bytes", "_time_raw", "_verdict", *kinds)
+    )
 
 
 def _located(attribute: str | None, field: str | None) -> Column:
