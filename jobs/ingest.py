@@ -177,13 +177,14 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
             result.inserted = valid_count
             return result
         firsts, repeats = _first_ids(slim.filter(pc.is_null(slim["reason"])))
-        unique = _excluding(spark, valid, "ordinal", repeats).drop("ordinal")
         unique_count = firsts.num_rows
         if source.id_filters is None:
+            unique = _excluding(spark, valid, "ordinal", repeats).drop("ordinal")
             written = _merge_once(spark, source, plan, unique, source.raw_path, _horizon(plan.horizon_floor_ms),
                                   metadata)
         else:
-            written = _merge_with_filters(spark, source, source.id_filters, plan, unique, firsts, metadata, result)
+            written = _merge_with_filters(spark, source, source.id_filters, plan, valid, (firsts, repeats), metadata,
+                                          result)
         result.duplicates_in_batch = valid_count - unique_count
         result.raw_version = latest_version(spark, source.raw_path)
         result.replayed, result.lost_race = written.replayed, result.lost_race or written.lost_race
@@ -200,23 +201,28 @@ def _horizon(horizon_floor_ms: int | None) -> str:
 
 
 def _merge_with_filters(
-    spark: SparkSession, source: SourceRuntime, store: IdFilterStore, plan: BatchPlan, unique: DataFrame,
-    ids: pa.Table, metadata: dict, result: IngestResult,
+    spark: SparkSession, source: SourceRuntime, store: IdFilterStore, plan: BatchPlan, valid: DataFrame,
+    dedup: tuple[pa.Table, list[int]], metadata: dict, result: IngestResult,
 ) -> Written:
-    """Commit a batch's unique records (`ids`: their `record_id, time_bucket`), looking up only the IDs the ID
-    filters cannot rule out; then the batch's IDs join the filters."""
+    """Commit the first record of each ID of a batch's `valid` records (`dedup`: those firsts' `record_id,
+    time_bucket, ordinal`, and the ordinals of the repeats) unless the table holds its ID, looking up only the IDs
+    the ID filters cannot rule out; then the batch's IDs join the filters."""
+    ids, excluded = dedup
     floor = None if plan.horizon_floor_ms is None else plan.horizon_floor_ms // BUCKET_MS
     filters = store.load(floor)
     hashes = id_hashes(ids["record_id"])
     maybe, buckets = filters.maybe_seen(hashes)
     result.fast_path = {"proven_new": int(len(hashes) - maybe.sum()), "maybe_seen": int(maybe.sum()),
                         "filters_rebuilt": filters.rebuilt, "filters_caught_up_commits": filters.caught_up}
-    rows, seen = unique, []
+    seen: list = []
     if buckets:
         # An ID the filters rule out is in no bucket of the table: only the "maybe" IDs are looked up.
         seen, read = committed_among(filters, source.raw_path, ids["record_id"].filter(pa.array(maybe)))
-        rows = _excluding(spark, unique, "record_id", seen)
+        if seen:
+            committed = pc.is_in(ids["record_id"], value_set=pa.array(seen, ids["record_id"].type))
+            excluded = [*excluded, *ids["ordinal"].filter(committed).to_pylist()]
         result.fast_path.update({"committed_found": len(seen), "buckets_read": read})
+    rows = _excluding(spark, valid, "ordinal", excluded).drop("ordinal")  # one anti-join drops both kinds
     written = _append_new(spark, source, plan, rows, ids.num_rows - len(seen), metadata)
     if not written.replayed:
         changed = filters.add(hashes, ids["time_bucket"].to_numpy())
@@ -237,10 +243,11 @@ def _summarize(slim: pa.Table, result: IngestResult) -> None:
 
 
 def _first_ids(valid: pa.Table) -> tuple[pa.Table, list[int]]:
-    """The first record of each ID in landing order (`record_id, time_bucket`), and the ordinals of the rest."""
+    """The first record of each ID in landing order (`record_id, time_bucket, ordinal`), and the ordinals of the
+    rest."""
     frame = valid.select(["record_id", "time_bucket", "ordinal"]).to_pandas().sort_values("ordinal")
     repeated = frame.duplicated("record_id", keep="first").to_numpy()
-    firsts = pa.Table.from_pandas(frame[~repeated][["record_id", "time_bucket"]], preserve_index=False)
+    firsts = pa.Table.from_pandas(frame[~repeated], preserve_index=False)
     return firsts, frame["ordinal"][repeated].tolist()
 
 
