@@ -194,11 +194,13 @@ def committed_metrics(spark: SparkSession, path: str, metadata: dict[str, Any], 
     return dict(rows[0]["operationMetrics"])
 
 
-def table_properties(retention_s: int) -> str:
-    """The TBLPROPERTIES clause of every onceflow table: old versions kept for `retention_s`, and a checkpoint
-    every 10 commits whichever engine commits (Spark's default; delta-rs, which commits appends, would take 100)."""
+def table_properties(retention_s: int, stats_columns: tuple[str, ...] = ()) -> str:
+    """The TBLPROPERTIES clause of every onceflow table: old versions kept for `retention_s`, a checkpoint every 10
+    commits whichever engine commits (Spark's default; delta-rs, which commits appends, would take 100), and
+    with `stats_columns` file statistics for those columns only."""
     hours = max(1, retention_s // 3600)
+    stats = f", 'delta.dataSkippingStatsColumns' = '{','.join(stats_columns)}'" if stats_columns else ""
     return (
         f"TBLPROPERTIES ('delta.logRetentionDuration' = 'interval {hours} hours', "
-        f"'delta.deletedFileRetentionDuration' = 'interval {hours} hours', 'delta.checkpointInterval' = '10')"
+        f"'delta.deletedFileRetentionDuration' = 'interval {hours} hours', 'delta.checkpointInterval' = '10'{stats})"
     )

@@ -18,6 +18,7 @@ come from the batch plan, never from the clock.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame
@@ -137,27 +138,36 @@ def classify(
     landed: DataFrame, contract: RecordContract, batch_time_ms: int, horizon_floor_ms: int | None
 ) -> DataFrame:
     """Parse and validate every landed record; see the module docstring for the columns added."""
-    limit = contract.max_record_bytes
-    df = (
-        landed.withColumn("_bytes", F.length("data"))
-        .withColumn("payload", F.expr("try_validate_utf8(cast(data AS STRING))"))
-        .withColumn("v", F.when(F.col("_bytes") <= limit, F.try_parse_json("payload")))
-        .withColumn("_top", F.schema_of_variant("v"))
-    )
-    record_id = _located(contract.id_attribute, contract.id_field)
-    time_raw = _located(contract.time_attribute, contract.time_field)
-    fallback = F.col("publish_time") if contract.time_from_publish else F.lit(None).cast("timestamp")
-    df = (
-        df.withColumn("record_id", F.coalesce(record_id, F.col("source_position")))
-        .withColumn("_time_raw", time_raw)
-        .withColumn("event_time", F.when(F.col("_time_raw").isNull(), fallback).otherwise(parse_time(F.col("_time_raw"))))
-    )
-    for index, field in enumerate(contract.schema):
-        df = df.withColumn(field.name, _field_value(field.name, field.dataType)).withColumn(
-            # Each field's JSON kind once per record (the checks below read it several times).
-            _kind_column(index), F.schema_of_variant(F.variant_get("v", f"$.{field.name}", "variant"))
-        )
+    df = landed.withColumns({
+        "_batch_time": F.timestamp_millis(F.lit(batch_time_ms)),
+        "_latest": F.timestamp_millis(F.lit(batch_time_ms + contract.max_clock_skew_ms)),
+        "_floor": F.timestamp_millis(F.lit(horizon_floor_ms or 0)),
+    })
+    # Spark Connect's columns and a classic session's are different objects: each kind is built once.
+    for stage in _stages(contract, horizon_floor_ms is not None, connect=not hasattr(landed, "_jdf")):
+        df = df.withColumns(stage)
+    kinds = [_kind_column(index) for index in range(len(contract.schema))]
+    return df.drop("v", "_top", "_bytes", "_time_raw", "_verdict", "_batch_time", "_latest", "_floor", *kinds)
 
+
+@functools.cache
+def _stages(contract: RecordContract, with_floor: bool, connect: bool) -> tuple[dict[str, Column], ...]:
+    """The columns `classify` adds, stage by stage (each stage reads only the ones before it).
+
+    Built once per contract: a batch's own values (its time, its horizon floor) are columns of the batch, so
+    the expressions are the same for every batch and none is rebuilt (each costs Spark calls from Python).
+    """
+    limit = contract.max_record_bytes
+    fallback = F.col("publish_time") if contract.time_from_publish else F.lit(None).cast("timestamp")
+    parsed = {
+        "_top": F.schema_of_variant("v"),
+        "record_id": F.coalesce(_located(contract.id_attribute, contract.id_field), F.col("source_position")),
+        "_time_raw": _located(contract.time_attribute, contract.time_field),
+    }
+    for index, field in enumerate(contract.schema):
+        parsed[field.name] = _field_value(field.name, field.dataType)
+        # Each field's JSON kind once per record (the checks read it several times).
+        parsed[_kind_column(index)] = F.schema_of_variant(F.variant_get("v", f"$.{field.name}", "variant"))
     event_time = F.col("event_time")
     checks: list[tuple[Column, str, Column]] = [
         (F.col("_bytes") > limit, "oversized", F.format_string(f"record is %d bytes; the limit is {limit}", "_bytes")),
@@ -177,23 +187,23 @@ def classify(
             F.format_string("event time %s is neither RFC 3339 nor epoch milliseconds", F.substring("_time_raw", 1, 60)),
         ),
         (
-            event_time > F.timestamp_millis(F.lit(batch_time_ms + contract.max_clock_skew_ms)),
+            event_time > F.col("_latest"),
             "event_time_out_of_range",
             F.format_string(
                 f"event time %s is more than {contract.max_clock_skew_ms // 1000}s after the batch time %s",
                 event_time.cast("string"),
-                F.timestamp_millis(F.lit(batch_time_ms)).cast("string"),
+                F.col("_batch_time").cast("string"),
             ),
         ),
     ]
-    if horizon_floor_ms is not None:
-        floor = F.timestamp_millis(F.lit(horizon_floor_ms))
+    if with_floor:
         checks.append(
             (
-                event_time < floor,
+                event_time < F.col("_floor"),
                 "beyond_dedup_horizon",
                 F.format_string(
-                    "event time %s is older than the dedup horizon (%s)", event_time.cast("string"), floor.cast("string")
+                    "event time %s is older than the dedup horizon (%s)", event_time.cast("string"),
+                    F.col("_floor").cast("string"),
                 ),
             )
         )
@@ -201,12 +211,13 @@ def classify(
     verdict = F.struct(F.lit(None).cast("string").alias("reason"), F.lit(None).cast("string").alias("detail"))
     for condition, name, text in reversed(checks):
         verdict = F.when(condition, F.struct(F.lit(name).alias("reason"), text.alias("detail"))).otherwise(verdict)
-    kinds = [_kind_column(index) for index in range(len(contract.schema))]
     return (
-        df.withColumn("_verdict", verdict)
-        .withColumn("reason", F.col("_verdict.reason"))
-        .withColumn("detail", F.col("_verdict.detail"))
-        .drop("v", "_top", "_bytes", "_time_raw", "_verdict", *kinds)
+        {"_bytes": F.length("data"), "payload": F.expr("try_validate_utf8(cast(data AS STRING))")},
+        {"v": F.when(F.col("_bytes") <= limit, F.try_parse_json("payload"))},
+        parsed,
+        {"event_time": F.when(F.col("_time_raw").isNull(), fallback).otherwise(parse_time(F.col("_time_raw")))},
+        {"_verdict": verdict},
+        {"reason": F.col("_verdict.reason"), "detail": F.col("_verdict.detail")},
     )
 
 

@@ -10,7 +10,9 @@ from pathlib import Path
 
 
 def test_a_raced_append_of_one_batch_commits_once_and_other_sources_still_commit(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "ONCEFLOW_SPARK_REMOTE"}  # a classic session of its own
+    # A classic session of its own (this process's Connect client leaves SPARK_CONNECT_MODE_ENABLED behind).
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("ONCEFLOW_SPARK_REMOTE", "SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED")}
     path = str(tmp_path / "t")
     done = subprocess.run([sys.executable, "-m", "tests.classic_appends", path], env=env, capture_output=True,
                           text=True, timeout=300)
