@@ -24,7 +24,7 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from jobs.declaration import FileSource, Pipeline
-from jobs.ingest import IngestResult
+from jobs.ingest_result import IngestResult
 from jobs.micro_batch import run_micro_batch
 from jobs.source_reader import open_source
 from orchestration.pipelines import resolve

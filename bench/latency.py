@@ -39,7 +39,7 @@ from pyspark.sql import SparkSession
 
 from bench.ingest_throughput import BenchmarkError
 from jobs.declaration import PubSubSource
-from jobs.ingest import IngestResult
+from jobs.ingest_result import IngestResult
 from jobs.micro_batch import run_micro_batch
 from jobs.source_reader import SourceRuntime, open_source
 from orchestration.pipelines import resolve

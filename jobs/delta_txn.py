@@ -156,7 +156,7 @@ def _write_files(df: DataFrame, path: str) -> list[AddAction]:
     return adds
 
 
-def latest_version(spark: SparkSession, path: str) -> int:
+def latest_version(path: str) -> int:
     """The table's newest version (read from its log with delta-rs: no Spark job)."""
     return DeltaTable(path).version()
 

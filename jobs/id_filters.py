@@ -20,19 +20,19 @@ filter of 500,000 IDs sized as a rebuild sizes it, and 1 in 26,000 at its nomina
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
+import threading
 from dataclasses import dataclass, field
-from urllib.parse import unquote
+from typing import ClassVar
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from pydantic import BaseModel
 
+from jobs.log_ids import ids_added_since, recent_ids
 from resources.object_store import ObjectStore
 
 log = logging.getLogger("onceflow")
@@ -44,8 +44,6 @@ PROBES = 5
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 BITS_PER_ID = 16
 MIN_WORDS = 1 << 10
-RECENT_COMMITS = 8
-RECENT_ROWS = 1_000_000
 
 
 def id_hashes(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
@@ -151,6 +149,12 @@ class IdFilterStore:
     bucket file that is missing (a concurrent writer's clean-up, a deleted directory) is rebuilt from the table.
     """
 
+    _saved: ClassVar[dict[str, tuple[bytes, IdFilters]]] = {}
+    """What this process saved last, per table, with the manifest it wrote: a warm run's next batch takes its
+    filters from here (while the manifest is still that one) instead of reading and hashing every bucket again.
+    Taken out while a batch uses them, so only a saved state is ever reused."""
+    _saved_lock = threading.Lock()
+
     def __init__(self, store: ObjectStore, key: str, table_path: str) -> None:
         self.store, self.key, self.table_path = store, key, table_path
 
@@ -162,7 +166,7 @@ class IdFilterStore:
         if filters is None or filters.version > latest:
             return self._rebuild(latest, floor_bucket)
         try:
-            added = _ids_added_since(table, filters.version, latest)
+            added = ids_added_since(table, filters.version, latest)
         except FileNotFoundError:  # the log entries since the stamp are gone (log retention): start over
             return self._rebuild(latest, floor_bucket)
         filters.add(id_hashes(added["record_id"]), added["time_bucket"].to_numpy())
@@ -183,25 +187,37 @@ class IdFilterStore:
             names[bucket], digests[bucket] = name, hashlib.sha256(data).hexdigest()
         manifest = _Manifest(scheme=SCHEME, version=filters.version, covered_from=filters.covered_from, buckets=names,
                              counts={b: filters.buckets[b].count for b in names}, digests=digests)
-        self.store.write(f"{self.key}/manifest.json", manifest.model_dump_json().encode())
+        written = manifest.model_dump_json().encode()
+        self.store.write(f"{self.key}/manifest.json", written)
+        with self._saved_lock:
+            self._saved[self.table_path] = (written, filters)
         keep = {*names.values(), "manifest.json"}
         superseded = {*old.buckets.values()} - keep if old is not None else set()
         for name in superseded:
             self.store.delete(f"{self.key}/{name}")
 
     def _manifest(self) -> _Manifest | None:
-        raw = self.store.read(f"{self.key}/manifest.json")
+        return self._parsed(self.store.read(f"{self.key}/manifest.json"))
+
+    @staticmethod
+    def _parsed(raw: bytes | None) -> _Manifest | None:
         try:
             return None if raw is None else _Manifest.model_validate_json(raw)
         except ValueError:
             return None
 
     def _read(self, floor_bucket: int | None) -> IdFilters | None:
-        manifest = self._manifest()
+        raw = self.store.read(f"{self.key}/manifest.json")
+        with self._saved_lock:
+            saved, mine = self._saved.pop(self.table_path, (None, None))
+        manifest = self._parsed(raw)
         if manifest is None or manifest.scheme != SCHEME:
             return None
         if manifest.covered_from is not None and (floor_bucket is None or floor_bucket < manifest.covered_from):
             return None  # asked about older buckets than the filters kept (an older checkpoint's horizon)
+        if mine is not None and saved == raw:
+            mine.rebuilt, mine.caught_up = False, 0
+            return mine  # what this process saved, and nobody saved since
         filters = IdFilters(version=manifest.version, covered_from=manifest.covered_from)
         for bucket, name in manifest.buckets.items():
             if floor_bucket is not None and bucket < floor_bucket:
@@ -242,14 +258,14 @@ def committed_among(
     exact lookup. Returns them and how many buckets had to be read whole.
 
     Repeats are mostly recent (publisher retries, redeliveries), so the rows of the last few commits (see
-    `_recent_ids`) are looked at first, a cost that does not grow with the table; only IDs not found there are
+    `recent_ids`) are looked at first, a cost that does not grow with the table; only IDs not found there are
     looked up in the buckets whose filters name them.
     """
     if isinstance(candidates, pa.ChunkedArray):
         candidates = candidates.combine_chunks()
     table = DeltaTable(table_path, version=filters.version)
     try:
-        recent = _recent_ids(table, filters.version)
+        recent = recent_ids(table, filters.version)
     except FileNotFoundError:
         recent = pa.array([], pa.string())
     found = pc.is_in(candidates, value_set=recent)
@@ -259,42 +275,3 @@ def committed_among(
         held = table.to_pyarrow_table(columns=["record_id"], filters=[("time_bucket", "in", sorted(buckets))])
         seen = pa.concat_arrays([seen, rest.filter(pc.is_in(rest, value_set=held["record_id"].combine_chunks()))])
     return seen.unique().to_pylist(), len(buckets)
-
-
-def _ids_added_since(table: DeltaTable, since: int, latest: int) -> pa.Table:
-    """`record_id, time_bucket` of every row that data-changing commits after `since` (up to `latest`) added."""
-    return _read_adds(table, [add for version in range(since + 1, latest + 1) for add in _data_adds(table, version)])
-
-
-def _recent_ids(table: DeltaTable, version: int) -> pa.Array:
-    """The record IDs of the newest commits up to `version`: at most `RECENT_COMMITS` of them, newest first, and
-    only while they hold `RECENT_ROWS` rows in all (a bulk load is not "recent" enough to be worth reading)."""
-    adds: list[dict] = []
-    rows = 0
-    for v in range(version, max(-1, version - RECENT_COMMITS), -1):
-        commit = _data_adds(table, v)
-        rows += sum(json.loads(a.get("stats") or '{"numRecords": 1e18}').get("numRecords", 1e18) for a in commit)
-        if rows > RECENT_ROWS:
-            break
-        adds += commit
-    return _read_adds(table, adds)["record_id"].combine_chunks()
-
-
-def _data_adds(table: DeltaTable, version: int) -> list[dict]:
-    """The files a commit added with new rows (OPTIMIZE rewrites rows already counted)."""
-    root = table.table_uri.removeprefix("file://")
-    with open(f"{root}/_delta_log/{version:020d}.json", encoding="utf-8") as entries:
-        adds = [json.loads(line).get("add") for line in entries]
-    return [a for a in adds if a is not None and a.get("dataChange", True)]
-
-
-def _read_adds(table: DeltaTable, adds: list[dict]) -> pa.Table:
-    root = table.table_uri.removeprefix("file://")
-    parts = []
-    for add in adds:
-        part = pq.read_table(f"{root}/{unquote(add['path'])}", columns=["record_id"])
-        bucket = int(add["partitionValues"]["time_bucket"])
-        parts.append(part.append_column("time_bucket", pa.array([bucket] * len(part), pa.int64())))
-    if not parts:
-        return pa.table({"record_id": pa.array([], pa.string()), "time_bucket": pa.array([], pa.int64())})
-    return pa.concat_tables(parts)

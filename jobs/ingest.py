@@ -1,11 +1,14 @@
 """Ingest: exactly-once from a landed batch into the raw Delta table, which is the dedup catalog.
 
 Per batch: validate every record against the pipeline's record contract (`jobs.validation`; bad ones become
-dead-letter rows with a reason), drop duplicates inside the batch, then `MERGE INTO raw ... ON record_id ...
-WHEN NOT MATCHED THEN INSERT` with a partition predicate that bounds the lookup to the dedup horizon. Dead letters
-are MERGEd the same way into the dead-letter table on their record ID, so a bad record redelivered in a later
-batch is held once. Both commits carry the SetTransaction `(app id, batch id)`, so replaying a committed batch
-changes nothing; a concurrent attempt at the same batch that commits first makes this one a replay.
+dead-letter rows with a reason) in one Spark action that caches the batch, and drop duplicates inside the batch
+(decided on the driver from a few of its columns). Then, with the ID filters (`jobs.id_filters`, the fast path),
+look up only the IDs they cannot rule out and append the rest (`delta_txn.append_once`); without them,
+`MERGE INTO raw ... ON record_id ... WHEN NOT MATCHED THEN INSERT` with a partition predicate that bounds the
+lookup to the dedup horizon. Dead letters are MERGEd into the dead-letter table on their record ID, so a bad record
+redelivered in a later batch is held once. Every commit carries the SetTransaction `(app id, batch id)`, so
+replaying a committed batch changes nothing; a concurrent attempt at the same batch that commits first makes this
+one a replay.
 
 What a batch did is counted from independent facts where there are some: `landed` comes from the landing
 (Parquet metadata or the planned files' lines), `inserted` and `dead_lettered_new` from the Delta commits' own
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -37,6 +40,7 @@ from jobs.delta_txn import (
     table_properties,
 )
 from jobs.id_filters import IdFilterStore, committed_among, id_hashes
+from jobs.ingest_result import IngestResult
 from jobs.schema import field_ddl
 from jobs.source_reader import SourceRuntime
 from jobs.validation import RecordContract, classify
@@ -69,57 +73,6 @@ def raw_columns(schema: T.StructType) -> str:
         "source_position STRING, publish_time TIMESTAMP, batch_id BIGINT, ingested_at TIMESTAMP, "
         "time_bucket BIGINT NOT NULL"
     )
-
-
-@dataclass
-class IngestResult:
-    """What one micro-batch did. Every landed record is one of: inserted, a duplicate (of a record earlier in the
-    batch or already committed), or a dead letter (new, or a duplicate of a dead letter already held).
-
-    For a replayed batch (`replayed`: committed by an earlier or concurrent attempt, nothing written now) the
-    counts are those of the commit that did the work, read back from the Delta history: totals stay exact.
-    `lost_race` says a concurrent attempt at the same batch committed first; `realigned_from` is the batch the
-    checkpoint wrongly claimed as the last committed one, when the lake was ahead of it.
-    """
-
-    batch_id: int
-    landed: int = 0
-    received: int = 0
-    inserted: int = 0
-    duplicates_in_batch: int = 0
-    duplicates_committed: int = 0
-    dead_lettered: dict[str, int] = field(default_factory=dict)
-    dead_lettered_new: int = 0
-    replayed: bool = False
-    lost_race: bool = False
-    realigned_from: int | None = None
-    fast_path: dict[str, int | bool] | None = None
-    raw_version: int | None = None
-    min_event_time_ms: int | None = None
-    max_event_time_ms: int | None = None
-
-    @property
-    def duplicates(self) -> int:
-        return self.duplicates_in_batch + self.duplicates_committed + self.dead_letter_duplicates
-
-    @property
-    def dead_lettered_total(self) -> int:
-        return sum(self.dead_lettered.values())
-
-    @property
-    def dead_letter_duplicates(self) -> int:
-        return self.dead_lettered_total - self.dead_lettered_new
-
-    def balances(self) -> bool:
-        """The landing's record count equals what classification saw, and what the commits wrote plus the
-        duplicates accounts for every record, with no count negative."""
-        counts = (self.inserted, self.duplicates_in_batch, self.duplicates_committed, self.dead_lettered_new,
-                  self.dead_letter_duplicates)
-        return (
-            self.landed == self.received
-            and self.received == self.inserted + self.duplicates + self.dead_lettered_new
-            and min(counts) >= 0
-        )
 
 
 def ensure_raw_table(spark: SparkSession, raw_path: str, pipeline: Pipeline) -> None:
@@ -176,7 +129,7 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
         if pipeline.delivery == "at_least_once":
             result.replayed = not append_once(valid.drop("ordinal"), source.raw_path, source.app_id, plan.batch_id,
                                               metadata)
-            result.raw_version = latest_version(spark, source.raw_path)
+            result.raw_version = latest_version(source.raw_path)
             result.inserted = valid_count
             return result
         firsts, repeats = _first_ids(slim.filter(pc.is_null(slim["reason"])))
@@ -189,7 +142,7 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
             written = _merge_with_filters(spark, source, source.id_filters, plan, valid, (firsts, repeats), metadata,
                                           result)
         result.duplicates_in_batch = valid_count - unique_count
-        result.raw_version = latest_version(spark, source.raw_path)
+        result.raw_version = latest_version(source.raw_path)
         result.replayed, result.lost_race = written.replayed, result.lost_race or written.lost_race
         result.inserted = written.inserted
         result.duplicates_committed = unique_count - written.inserted

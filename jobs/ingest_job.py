@@ -16,7 +16,7 @@ from typing import Any
 import dagster as dg
 
 from jobs.declaration import Pipeline
-from jobs.ingest import IngestResult
+from jobs.ingest_result import IngestResult
 from jobs.micro_batch import run_micro_batch
 from jobs.run_worker import record_worker
 from jobs.source_reader import open_source

@@ -19,7 +19,8 @@ from collections.abc import Callable
 from pyspark.sql import SparkSession
 
 from jobs.delta_txn import committed_batch
-from jobs.ingest import IngestResult, ingest_batch
+from jobs.ingest import ingest_batch
+from jobs.ingest_result import IngestResult
 from jobs.source_reader import SourceReader, SourceRuntime, source_watermark_ms
 from resources.checkpoint import BatchPlan, SourceCheckpoint
 from resources.faults import crash_point

@@ -122,7 +122,7 @@ def materialize_windows(
     if not windows:
         return []
     ensure_raw_table(spark, raw_path, pipeline)  # a window materialized before any data is empty
-    latest = latest_version(spark, raw_path)
+    latest = latest_version(raw_path)
     lateness_ms = output.allowed_lateness_s * 1000
     existing = {w: closes.latest(w) for w in windows}
     refire = {}

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from jobs.ingest import IngestResult, ingest_batch
+from jobs.ingest import ingest_batch
+from jobs.ingest_result import IngestResult
 from jobs.micro_batch import run_micro_batch
 from jobs.source_reader import SourceRuntime
 from orchestration.workload import (
