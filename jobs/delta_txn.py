@@ -31,7 +31,7 @@ _VERSION = "spark.databricks.delta.write.txnVersion"
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 _lock = threading.Lock()
 _created: set[str] = set()
-CREATE_RACE_CHECKS = 6
+CREATE_RACE_CHECKS = 20
 # How Delta names the conflicts of two writers committing at once (class names, or error classes over Connect).
 _CONFLICTS = ("DELTA_CONCURRENT_", "ConcurrentAppendException", "ConcurrentTransactionException",
               "ConcurrentDeleteReadException", "ConcurrentDeleteDeleteException", "MetadataChangedException")

@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 from pyspark.sql import SparkSession
 
-from jobs.delta_txn import committed_batch
-from jobs.ingest import ingest_batch
+from jobs.delta_txn import committed_batch, committed_metadata
+from jobs.ingest import PLAN_KEY, ingest_batch
 from jobs.ingest_result import IngestResult
 from jobs.source_reader import SourceReader, SourceRuntime, source_watermark_ms
 from resources.checkpoint import BatchPlan, SourceCheckpoint
@@ -75,10 +75,40 @@ def align_with_lake(source: SourceRuntime) -> tuple[SourceCheckpoint, int | None
     )
 
     def realign(c: SourceCheckpoint) -> SourceCheckpoint:
+        # The batches it skips are committed: their messages leave the source's backlog as if each had advanced
+        # the checkpoint (else a backlog kept from what onceflow saw waits for them for ever).
+        watermark = source.reader.watermark(c.watermark)
+        for batch in range(c.committed_batch + 1, lake + 1):
+            plan = plan_of(source, batch)
+            try:
+                if plan is not None:
+                    source.reader.after_commit(watermark, plan, _Realigned(), _now_ms())
+            except FileNotFoundError:
+                log.warning(f"{source.app_id} batch {batch}: its landing is gone; the watermark may wait for it")
+        c.watermark = watermark.to_state()
         c.committed_batch = max(c.committed_batch, lake)
         return c
 
     return source.checkpoints.update(realign), checkpoint.committed_batch
+
+
+def plan_of(source: SourceRuntime, batch: int) -> BatchPlan | None:
+    """A committed batch's plan: from the checkpoints, else as its commit carried it (what is left when the
+    checkpoints were restored from an old copy); None when neither holds it."""
+    plan = source.checkpoints.get_plan(batch)
+    if plan is not None:
+        return plan
+    for path in (source.raw_path, source.dead_letter_path):
+        metadata = committed_metadata(path, source.app_id, batch)
+        if metadata and PLAN_KEY in metadata:
+            return BatchPlan.from_dict(metadata[PLAN_KEY])
+    return None
+
+
+class _Realigned:
+    """What the watermark learns from a batch found committed in the lake: its event times are not known here."""
+
+    max_event_time_ms: int | None = None
 
 
 def horizon_floor_ms(delivery: str, dedup_horizon_s: int, checkpoint: SourceCheckpoint) -> int | None:

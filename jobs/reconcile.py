@@ -34,15 +34,13 @@ from pyspark.sql import functions as F
 
 from jobs.commit_steps import sequence_id
 from jobs.declaration import WindowedOutput
-from jobs.delta_txn import committed_metadata
-from jobs.ingest import PLAN_KEY
 from jobs.landed_ids import LandedRecord, identify_all
+from jobs.micro_batch import plan_of
 from jobs.panes import CloseStore, PaneClose, Window
 from jobs.publish import pane_prefix
 from jobs.source_reader import SourceRuntime
 from jobs.validation import RecordContract
 from jobs.windows import pane_frame
-from resources.checkpoint import BatchPlan
 from resources.commit_store import DONE, CommitStore
 from resources.object_store import open_store
 
@@ -95,21 +93,12 @@ def landed_records(source: SourceRuntime) -> list[LandedRecord]:
     """Every record of every committed batch, identified in plain Python."""
     batches = []
     for batch in range(1, source.checkpoints.load().committed_batch + 1):
-        plan = source.checkpoints.get_plan(batch) or _plan_in_lake(source, batch)
+        plan = plan_of(source, batch)
         if plan is None:
             raise RuntimeError(f"{source.app_id}: batch {batch} is committed but neither the checkpoints nor the "
                                "tables' commits hold its plan")
         batches.append((batch, source.reader.landed_rows(plan)))
     return identify_all(iter(batches), RecordContract.of(source.pipeline))
-
-
-def _plan_in_lake(source: SourceRuntime, batch: int) -> BatchPlan | None:
-    """A batch's plan as its commit carried it: what is left when the checkpoints were restored from an old copy."""
-    for path in (source.raw_path, source.dead_letter_path):
-        metadata = committed_metadata(path, source.app_id, batch)
-        if metadata and PLAN_KEY in metadata:
-            return BatchPlan.from_dict(metadata[PLAN_KEY])
-    return None
 
 
 def reconcile_source(source: SourceRuntime, landed: list[LandedRecord]) -> SourceReconciliation:
