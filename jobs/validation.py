@@ -72,13 +72,14 @@ def parse_time(text: Column) -> Column:
     )
 
 
-def _field_value(name: str, data_type: T.DataType) -> Column:
-    """The field as `data_type`, NULL where it is absent or does not fit."""
+def _field_value(index: int, data_type: T.DataType) -> Column:
+    """The field (its JSON value, column `_json_<index>`) as `data_type`, NULL where it is absent or does not fit."""
+    value = F.col(_json_column(index))
     if isinstance(data_type, T.TimestampType):
-        return parse_time(F.try_variant_get("v", f"$.{name}", "string"))
+        return parse_time(F.try_variant_get(value, "$", "string"))
     if isinstance(data_type, T.VariantType):
-        return F.variant_get("v", f"$.{name}", "variant")
-    return F.try_variant_get("v", f"$.{name}", data_type.simpleString())
+        return value
+    return F.try_variant_get(value, "$", data_type.simpleString())
 
 
 def _kind_fits(kind: Column, data_type: T.DataType) -> Column:
@@ -106,6 +107,10 @@ def _kind_column(index: int) -> str:
     return f"_kind_{index}"
 
 
+def _json_column(index: int) -> str:
+    return f"_json_{index}"
+
+
 def _field_checks(schema: T.StructType) -> list[tuple[Column, str, Column]]:
     checks = []
     for index, field in enumerate(schema):
@@ -127,7 +132,7 @@ def _field_checks(schema: T.StructType) -> list[tuple[Column, str, Column]]:
                 F.format_string(
                     f"`{name}` %s %s does not fit {declared}",
                     kind,
-                    F.substring(F.try_variant_get("v", f"$.{name}", "string"), 1, 60),
+                    F.substring(F.try_variant_get(_json_column(index), "$", "string"), 1, 60),
                 ),
             )
         )
@@ -146,8 +151,8 @@ def classify(
     # Spark Connect's columns and a classic session's are different objects: each kind is built once.
     for stage in _stages(contract, horizon_floor_ms is not None, connect=not hasattr(landed, "_jdf")):
         df = df.withColumns(stage)
-    kinds = [_kind_column(index) for index in range(len(contract.schema))]
-    return df.drop("v", "_top", "_bytes", "_time_raw", "_verdict", "_batch_time", "_latest", "_floor", *kinds)
+    per_field = [name(index) for index in range(len(contract.schema)) for name in (_kind_column, _json_column)]
+    return df.drop("v", "_top", "_bytes", "_time_raw", "_verdict", "_batch_time", "_latest", "_floor", *per_field)
 
 
 @functools.cache
@@ -159,15 +164,20 @@ def _stages(contract: RecordContract, with_floor: bool, connect: bool) -> tuple[
     """
     limit = contract.max_record_bytes
     fallback = F.col("publish_time") if contract.time_from_publish else F.lit(None).cast("timestamp")
+    # Each field's JSON value is looked up in the record once; its kind and typed value are read from that.
+    fields = {_json_column(index): F.variant_get("v", f"$.{field.name}", "variant")
+              for index, field in enumerate(contract.schema)}
     parsed = {
-        "_top": F.schema_of_variant("v"),
+        # A valid JSON text is an object exactly when it starts with "{": no need to type the whole record.
+        "_top": F.when(F.col("v").isNull(), F.lit(None))
+        .when(F.expr("startswith(ltrim(' \\t\\r\\n', payload), '{')"), F.lit("OBJECT"))
+        .otherwise(F.schema_of_variant("v")),
         "record_id": F.coalesce(_located(contract.id_attribute, contract.id_field), F.col("source_position")),
         "_time_raw": _located(contract.time_attribute, contract.time_field),
     }
     for index, field in enumerate(contract.schema):
-        parsed[field.name] = _field_value(field.name, field.dataType)
-        # Each field's JSON kind once per record (the checks read it several times).
-        parsed[_kind_column(index)] = F.schema_of_variant(F.variant_get("v", f"$.{field.name}", "variant"))
+        parsed[field.name] = _field_value(index, field.dataType)
+        parsed[_kind_column(index)] = F.schema_of_variant(_json_column(index))
     event_time = F.col("event_time")
     checks: list[tuple[Column, str, Column]] = [
         (F.col("_bytes") > limit, "oversized", F.format_string(f"record is %d bytes; the limit is {limit}", "_bytes")),
@@ -214,6 +224,7 @@ def _stages(contract: RecordContract, with_floor: bool, connect: bool) -> tuple[
     return (
         {"_bytes": F.length("data"), "payload": F.expr("try_validate_utf8(cast(data AS STRING))")},
         {"v": F.when(F.col("_bytes") <= limit, F.try_parse_json("payload"))},
+        fields,
         parsed,
         {"event_time": F.when(F.col("_time_raw").isNull(), fallback).otherwise(parse_time(F.col("_time_raw")))},
         {"_verdict": verdict},

@@ -27,6 +27,7 @@ RAW = ["record_id", "event_time", "key", "value"]
 START_MS = 1_763_720_000_000
 BAD_LINES = [
     ("not_json", "{not json"),
+    ("not_json", ' \t[{"event_id": "f-bad-0"}]'),
     ("missing_field", json.dumps({"event_id": "f-bad-1", "event_time": START_MS, "value": 1})),
     ("wrong_type", json.dumps({"event_id": "f-bad-2", "event_time": START_MS, "key": "k", "value": [1]})),
     ("bad_event_time", json.dumps({"event_id": "f-bad-3", "event_time": "soon", "key": "k", "value": 1})),
@@ -74,7 +75,9 @@ def test_files_land_exactly_once_with_dead_letters(spark: SparkSession, incoming
         ["sub/c.jsonl"],
     ]
     assert read_rows(source.raw_path, RAW) == expected_raw(events)
-    assert sorted(r[0] for r in read_rows(source.dead_letter_path, ["reason"])) == sorted(r for r, _ in BAD_LINES)
+    dead = read_rows(source.dead_letter_path, ["reason", "detail"])
+    assert sorted(r[0] for r in dead) == sorted(r for r, _ in BAD_LINES)
+    assert ("not_json", "payload is JSON ARRAY<OBJECT<event_id: STRING>>, not an object") in dead
     assert sum(r.received for r in results) == 310 + len(BAD_LINES)
     assert sum(r.duplicates for r in results) == 10 and all(r.balances() for r in results)
     # Nothing new: no batch, and the files are not read twice.
