@@ -21,7 +21,7 @@ import pyspark
 from resources.delta_jars import ensure_delta_jars
 from resources.processes import stop_process_group
 from resources.pubsub_emulator import free_port
-from resources.spark import DELTA_CONF, SMALL_MACHINE_CONF
+from resources.spark import DELTA_CONF, PARQUET_CONF, SMALL_MACHINE_CONF
 
 
 @dataclass
@@ -47,6 +47,7 @@ def start_spark_connect_server(
     spark_home = Path(pyspark.__file__).parent
     conf = {
         **SMALL_MACHINE_CONF,
+        **PARQUET_CONF,
         **DELTA_CONF,
         "spark.ui.enabled": "false",
         "spark.connect.grpc.binding.address": "127.0.0.1",

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import dagster as dg
+import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 
@@ -80,6 +81,11 @@ def test_files_land_exactly_once_with_dead_letters(spark: SparkSession, incoming
     assert ("not_json", "payload is JSON ARRAY<OBJECT<event_id: STRING>>, not an object") in dead
     assert sum(r.received for r in results) == 310 + len(BAD_LINES)
     assert sum(r.duplicates for r in results) == 10 and all(r.balances() for r in results)
+    # Values unique to a record are stored plain: a Parquet dictionary of them only costs (resources.spark).
+    footer = pq.ParquetFile(next(Path(source.raw_path).rglob("*.parquet"))).metadata.row_group(0)
+    dictionary = {footer.column(i).path_in_schema: "PLAIN_DICTIONARY" in footer.column(i).encodings
+                  for i in range(footer.num_columns)}
+    assert [dictionary[c] for c in ("record_id", "payload", "source_position", "key")] == [False, False, False, True]
     # Nothing new: no batch, and the files are not read twice.
     assert run_micro_batch(lambda: spark, source) is None
 
