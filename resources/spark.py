@@ -19,7 +19,9 @@ SMALL_MACHINE_CONF = {
     "spark.sql.sources.parallelPartitionDiscovery.parallelism": "8",
     "spark.sql.session.timeZone": "UTC",
     "spark.ui.showConsoleProgress": "false",
-    "spark.sql.adaptive.enabled": "true",
+    # Adaptive execution runs each shuffle and each first use of a cached plan as a job of its own and re-plans
+    # between them: on batches of a few MB that costs more than it finds (~0.1 s of a 44,000-record batch's ingest).
+    "spark.sql.adaptive.enabled": "false",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     # Ingest caches each batch once, reads it twice and drops it: compressing it cost more than it saved (~0.15 s
     # of a 44,000-record batch); a batch is a few MB.

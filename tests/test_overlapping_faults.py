@@ -26,6 +26,16 @@ RAW = ["record_id", "event_time", "key", "value"]
 HOUR = 3_600_000
 
 
+def run_both(command: list[str]) -> list[str]:
+    """Run `command` twice at once; both must succeed. On a failure the message keeps every line that names an
+    error (a race's cause is usually far from the end of a Dagster run's output), then each output's end."""
+    both = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    outputs = [p.communicate(timeout=300)[0] for p in both]
+    errors = [line for o in outputs for line in o.splitlines() if "Error" in line or "Exception" in line]
+    assert [p.returncode for p in both] == [0, 0], "\n".join(errors)[:8000] + outputs[0][-2000:] + outputs[1][-2000:]
+    return outputs
+
+
 def test_tracking_samples_of_a_killed_run_still_hold_the_watermark(
     spark: SparkSession, pubsub_emulator: PubSubEmulator, home: Path
 ) -> None:
@@ -102,9 +112,7 @@ def test_two_launches_of_one_batch_and_of_one_window_end_cleanly(
     write_events(incoming / "1.jsonl", [*events, Event("closer", base + 10 * 60_000, "k0", 1)])
     module = [sys.executable, "-m", "dagster"]
     job = [*module, "job", "execute", "-m", "orchestration.definitions", "-j", "ingest_events"]
-    both = [subprocess.Popen(job, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
-    outputs = [p.communicate(timeout=300)[0] for p in both]
-    assert [p.returncode for p in both] == [0, 0], outputs[0][-2000:] + outputs[1][-2000:]
+    outputs = run_both(job)
     # One run inserted the batch; the other found it committed (before it, or racing it), wrote nothing, and
     # reports the figures of the commit that did the work.
     replayed = [o for o in outputs if "replayed batch: already committed, nothing written" in o]
@@ -117,8 +125,6 @@ def test_two_launches_of_one_batch_and_of_one_window_end_cleanly(
     window = Window.at(base, 60).key
     materialize = [*module, "asset", "materialize", "-m", "orchestration.definitions", "--select", "event_counts",
                    "--partition", window]
-    both = [subprocess.Popen(materialize, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
-    outputs = [p.communicate(timeout=300)[0] for p in both]
-    assert [p.returncode for p in both] == [0, 0], outputs[0][-2000:] + outputs[1][-2000:]
+    run_both(materialize)
     rows = read_rows(lake.table_path("windows/event_counts"), ["key", "count", "pane"])
     assert rows == [(f"k{k}", 15, 1) for k in range(4)]
