@@ -41,6 +41,7 @@ from jobs.delta_txn import (
 )
 from jobs.id_filters import IdFilterStore, committed_among, id_hashes
 from jobs.ingest_result import IngestResult
+from jobs.log_ids import remember_commit_ids
 from jobs.schema import field_ddl
 from jobs.source_reader import SourceRuntime
 from jobs.validation import RecordContract, classify
@@ -170,19 +171,21 @@ def _merge_with_filters(
     maybe, buckets = filters.maybe_seen(hashes)
     result.fast_path = {"proven_new": int(len(hashes) - maybe.sum()), "maybe_seen": int(maybe.sum()),
                         "filters_rebuilt": filters.rebuilt, "filters_caught_up_commits": filters.caught_up}
-    seen: list = []
+    seen, added = [], ids["record_id"]
     if buckets:
         # An ID the filters rule out is in no bucket of the table: only the "maybe" IDs are looked up.
         seen, read = committed_among(filters, source.raw_path, ids["record_id"].filter(pa.array(maybe)))
-        if seen:
-            committed = pc.is_in(ids["record_id"], value_set=pa.array(seen, ids["record_id"].type))
-            excluded = [*excluded, *ids["ordinal"].filter(committed).to_pylist()]
+        committed = pc.is_in(ids["record_id"], value_set=pa.array(seen, ids["record_id"].type))
+        excluded, added = [*excluded, *ids["ordinal"].filter(committed).to_pylist()], added.filter(pc.invert(committed))
         result.fast_path.update({"committed_found": len(seen), "buckets_read": read})
     rows = _excluding(spark, valid, "ordinal", excluded).drop("ordinal")  # one anti-join drops both kinds
     written = _append_new(spark, source, plan, rows, ids.num_rows - len(seen), metadata)
     if not written.replayed:
         changed = filters.add(hashes, ids["time_bucket"].to_numpy())
-        filters.version = own_commit_version(source.raw_path, metadata, after=filters.version)
+        version = own_commit_version(source.raw_path, metadata, after=filters.version)
+        if version > filters.version:  # the batch's own commit: the IDs it added need no reading back
+            remember_commit_ids(source.raw_path, version, added)
+        filters.version = version
         filters.drop_below(floor)
         store.save(filters, changed)
     return written

@@ -1,5 +1,10 @@
 """Record IDs straight from a raw table's Delta log and data files (delta-rs and pyarrow, no Spark): the rows
-that commits added, for the ID filters to catch up and for their exact lookups."""
+that commits added, for the ID filters to catch up and for their exact lookups.
+
+What one commit of one table added never changes, so the IDs read for it are kept per process (keyed by the
+table's id, which a table re-created at the same path does not share): consecutive batches look up the same
+recent commits, and each is read once instead of once per batch.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,8 @@ from deltalake import DeltaTable
 
 RECENT_COMMITS = 8
 RECENT_ROWS = 1_000_000
+_KEPT_COMMITS = 4 * RECENT_COMMITS
+_commit_ids: dict[tuple[str, int], pa.Array] = {}  # (table id, version) -> the record IDs that commit added
 
 
 def ids_added_since(table: DeltaTable, since: int, latest: int) -> pa.Table:
@@ -22,15 +29,33 @@ def ids_added_since(table: DeltaTable, since: int, latest: int) -> pa.Table:
 def recent_ids(table: DeltaTable, version: int) -> pa.Array:
     """The record IDs of the newest commits up to `version`: at most `RECENT_COMMITS` of them, newest first, and
     only while they hold `RECENT_ROWS` rows in all (a bulk load is not "recent" enough to be worth reading)."""
-    adds: list[dict] = []
+    parts: list[pa.Array] = [pa.array([], pa.string())]
     rows = 0
     for v in range(version, max(-1, version - RECENT_COMMITS), -1):
         commit = _data_adds(table, v)
         rows += sum(json.loads(a.get("stats") or '{"numRecords": 1e18}').get("numRecords", 1e18) for a in commit)
         if rows > RECENT_ROWS:
             break
-        adds += commit
-    return _read_adds(table, adds)["record_id"].combine_chunks()
+        parts.append(_ids_of_commit(table, v, commit))
+    return pa.concat_arrays(parts)
+
+
+def remember_commit_ids(path: str, version: int, ids: pa.Array | pa.ChunkedArray) -> None:
+    """Keep `ids` as the record IDs that commit `version` of the table at `path` added: its writer knows them."""
+    _keep((DeltaTable(path).metadata().id, version), ids)
+
+
+def _ids_of_commit(table: DeltaTable, version: int, adds: list[dict]) -> pa.Array:
+    key = (table.metadata().id, version)
+    if key not in _commit_ids:
+        _keep(key, _read_adds(table, adds)["record_id"])
+    return _commit_ids[key]
+
+
+def _keep(key: tuple[str, int], ids: pa.Array | pa.ChunkedArray) -> None:
+    if len(_commit_ids) >= _KEPT_COMMITS:
+        del _commit_ids[next(iter(_commit_ids))]  # the one kept longest
+    _commit_ids[key] = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
 
 
 def _data_adds(table: DeltaTable, version: int) -> list[dict]:

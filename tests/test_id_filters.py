@@ -156,3 +156,27 @@ def test_a_bloom_filter_never_forgets_an_id() -> None:
     others = id_hashes(pa.array([f"other-{i}" for i in range(50_000)]))
     assert fresh.might_contain(id_hashes(ids)).all()
     assert fresh.might_contain(others).mean() < 0.01
+
+
+def test_ids_kept_per_commit_belong_to_that_very_table(tmp_path: Path) -> None:
+    """The IDs read for a commit are kept per process; a table re-created at the same path (a reset, a restore)
+    has commits of the same numbers and must never be answered with the old table's IDs."""
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+
+    from jobs.log_ids import recent_ids
+
+    path = tmp_path / "raw"
+
+    def table_of(ids: list[str]) -> DeltaTable:
+        shutil.rmtree(path, ignore_errors=True)
+        rows = pa.table({"record_id": ids, "time_bucket": pa.array([7] * len(ids), pa.int64())})
+        write_deltalake(str(path), rows, partition_by=["time_bucket"])
+        return DeltaTable(str(path))
+
+    first = table_of(["a", "b"])
+    assert sorted(recent_ids(first, 0).to_pylist()) == ["a", "b"]
+    for data in path.rglob("*.parquet"):
+        data.unlink()  # what commit 0 added is kept: it is not read again
+    assert sorted(recent_ids(first, 0).to_pylist()) == ["a", "b"]
+    assert recent_ids(table_of(["c"]), 0).to_pylist() == ["c"]
