@@ -27,6 +27,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from jobs.batch_values import with_batch_values
 from jobs.declaration import Pipeline
 from jobs.delta_txn import (
     append_once,
@@ -96,13 +97,13 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
     ensure_tables(spark, source)
     pipeline = source.pipeline
     result = IngestResult(batch_id=plan.batch_id, landed=source.reader.landed_count(plan))
-    ingested_at = F.timestamp_millis(F.lit(plan.planned_at_ms)).alias("ingested_at")
+    ingested_at = F.timestamp_millis("_ingested_ms").alias("ingested_at")
     # The plan travels in the commit: a checkpoint restored from an old copy loses plans, the lake keeps them.
     metadata = {"onceflow_source": source.app_id, "onceflow_batch": plan.batch_id, PLAN_KEY: plan.to_dict()}
     contract = RecordContract.of(pipeline)
     classified = (
-        classify(landed, contract, plan.planned_at_ms, plan.horizon_floor_ms)
-        .withColumn("batch_id", F.lit(plan.batch_id).cast("bigint"))
+        classify(with_batch_values(landed, batch_id=plan.batch_id, _ingested_ms=plan.planned_at_ms), contract,
+                 plan.planned_at_ms, plan.horizon_floor_ms)
         .withColumn("time_bucket", F.expr(bucket_of("event_time")))
         # The record's bytes are kept only where a dead letter needs them (text that is not UTF-8): half the cache.
         .withColumn("raw", F.when(F.col("reason").isNotNull(), F.coalesce(F.col("payload"), F.base64("data"))))

@@ -25,9 +25,11 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from jobs.batch_values import with_batch_values
 from jobs.declaration import FileSource, Pipeline
 from jobs.schema import INTEGRAL
 
+_BATCH_COLUMNS = ("_batch_time_ms", "_latest_ms", "_floor_ms", "_batch_time", "_latest", "_floor")
 NUMERIC_VARIANT = ("TINYINT", "SMALLINT", "INT", "BIGINT", "FLOAT", "DOUBLE")
 INTEGRAL_VARIANT = ("TINYINT", "SMALLINT", "INT", "BIGINT")
 
@@ -143,16 +145,15 @@ def classify(
     landed: DataFrame, contract: RecordContract, batch_time_ms: int, horizon_floor_ms: int | None
 ) -> DataFrame:
     """Parse and validate every landed record; see the module docstring for the columns added."""
-    df = landed.withColumns({
-        "_batch_time": F.timestamp_millis(F.lit(batch_time_ms)),
-        "_latest": F.timestamp_millis(F.lit(batch_time_ms + contract.max_clock_skew_ms)),
-        "_floor": F.timestamp_millis(F.lit(horizon_floor_ms or 0)),
-    })
+    df = with_batch_values(
+        landed, _batch_time_ms=batch_time_ms, _latest_ms=batch_time_ms + contract.max_clock_skew_ms,
+        _floor_ms=horizon_floor_ms or 0,
+    )
     # Spark Connect's columns and a classic session's are different objects: each kind is built once.
     for stage in _stages(contract, horizon_floor_ms is not None, connect=not hasattr(landed, "_jdf")):
         df = df.withColumns(stage)
     per_field = [name(index) for index in range(len(contract.schema)) for name in (_kind_column, _json_column)]
-    return df.drop("v", "_top", "_bytes", "_time_raw", "_verdict", "_batch_time", "_latest", "_floor", *per_field)
+    return df.drop("v", "_top", "_bytes", "_time_raw", "_verdict", *_BATCH_COLUMNS, *per_field)
 
 
 @functools.cache
@@ -222,7 +223,8 @@ def _stages(contract: RecordContract, with_floor: bool, connect: bool) -> tuple[
     for condition, name, text in reversed(checks):
         verdict = F.when(condition, F.struct(F.lit(name).alias("reason"), text.alias("detail"))).otherwise(verdict)
     return (
-        {"_bytes": F.length("data"), "payload": F.expr("try_validate_utf8(cast(data AS STRING))")},
+        {"_bytes": F.length("data"), "payload": F.expr("try_validate_utf8(cast(data AS STRING))"),
+         **{name: F.timestamp_millis(f"{name}_ms") for name in ("_batch_time", "_latest", "_floor")}},
         {"v": F.when(F.col("_bytes") <= limit, F.try_parse_json("payload"))},
         fields,
         parsed,
