@@ -27,7 +27,6 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from jobs.batch_values import with_batch_values
 from jobs.declaration import Pipeline
 from jobs.delta_txn import (
     append_once,
@@ -102,8 +101,8 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
     metadata = {"onceflow_source": source.app_id, "onceflow_batch": plan.batch_id, PLAN_KEY: plan.to_dict()}
     contract = RecordContract.of(pipeline)
     classified = (
-        classify(with_batch_values(landed, batch_id=plan.batch_id, _ingested_ms=plan.planned_at_ms), contract,
-                 plan.planned_at_ms, plan.horizon_floor_ms)
+        classify(landed, contract, plan.planned_at_ms, plan.horizon_floor_ms, batch_id=plan.batch_id,
+                 _ingested_ms=plan.planned_at_ms)
         .withColumn("time_bucket", F.expr(bucket_of("event_time")))
         # The record's bytes are kept only where a dead letter needs them (text that is not UTF-8): half the cache.
         .withColumn("raw", F.when(F.col("reason").isNotNull(), F.coalesce(F.col("payload"), F.base64("data"))))

@@ -142,12 +142,13 @@ def _field_checks(schema: T.StructType) -> list[tuple[Column, str, Column]]:
 
 
 def classify(
-    landed: DataFrame, contract: RecordContract, batch_time_ms: int, horizon_floor_ms: int | None
+    landed: DataFrame, contract: RecordContract, batch_time_ms: int, horizon_floor_ms: int | None, **batch: int
 ) -> DataFrame:
-    """Parse and validate every landed record; see the module docstring for the columns added."""
+    """Parse and validate every landed record; see the module docstring for the columns added. `batch` names
+    further numbers of the batch (its id, say) to add as columns, the same on every row."""
     df = with_batch_values(
         landed, _batch_time_ms=batch_time_ms, _latest_ms=batch_time_ms + contract.max_clock_skew_ms,
-        _floor_ms=horizon_floor_ms or 0,
+        _floor_ms=horizon_floor_ms or 0, **batch,
     )
     # Spark Connect's columns and a classic session's are different objects: each kind is built once.
     for stage in _stages(contract, horizon_floor_ms is not None, connect=not hasattr(landed, "_jdf")):
