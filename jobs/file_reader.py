@@ -8,8 +8,10 @@ offset>`, its bytes exactly as in the file (a line's trailing CR dropped).
 
 from __future__ import annotations
 
+import os
+import re
 import time
-from functools import reduce
+from urllib.parse import unquote, urlparse
 
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -26,11 +28,27 @@ FILE_STRIDE = 1 << 40
 """Ordinals are `file index * FILE_STRIDE + byte offset`: landing order, for files under a terabyte."""
 
 
-def _file_lines(spark: SparkSession, path: str, index: int) -> DataFrame:
+class UnlistedFileError(RuntimeError):
+    """Spark's listing of a batch's files does not name one of them (it cannot be told apart from the others)."""
+
+
+def _file_lines(spark: SparkSession, paths: list[str]) -> DataFrame:
+    """Every line of the files at `paths` in one scan, with the index of its file in `paths` (`file`), the start
+    of the file split it was read from (`block`) and an ID increasing in read order (`seq`)."""
     # lineSep "\n" keeps a CR in the line (so byte offsets add up); the text source keeps the bytes undecoded.
-    return spark.read.option("lineSep", "\n").text(path).select(
+    lines = spark.read.option("lineSep", "\n").text(paths)
+    # Spark names a line's file by a URI of its own spelling (some characters escaped): the one it listed, where
+    # a local file is `file:/path` (the listing writes `file:///path`).
+    listed = {os.path.normpath(unquote(urlparse(uri).path)): re.sub("^file:///", "file:/", uri)
+              for uri in lines.inputFiles()}
+    missing = [path for path in paths if os.path.normpath(path) not in listed]
+    if missing:
+        raise UnlistedFileError(f"Spark's listing of the batch's files does not name {missing}")
+    position = F.array_position(F.array(*(F.lit(listed[os.path.normpath(p)]) for p in paths)), F.col("_metadata.file_path"))
+    return lines.select(
         "value",
-        F.lit(index).alias("file"),
+        F.when(position > 0, position - 1).otherwise(F.raise_error(F.lit("a line of a file not in the batch")))
+        .cast("int").alias("file"),
         F.col("_metadata.file_block_start").alias("block"),
         F.monotonically_increasing_id().alias("seq"),
     )
@@ -70,9 +88,7 @@ class FileReader:
     def landed(self, spark: SparkSession, plan: BatchPlan) -> DataFrame:
         for entry in plan.files:
             self.directory.check(entry)
-        # One scan per file, so each line knows its file without decoding Spark's URL-encoded file paths.
-        lines = reduce(DataFrame.unionByName, (_file_lines(spark, self.directory.path_of(e), i)
-                                               for i, e in enumerate(plan.files)))
+        lines = _file_lines(spark, [self.directory.path_of(entry) for entry in plan.files])
         in_file = Window.partitionBy("file").orderBy("block", "seq").rowsBetween(Window.unboundedPreceding, -1)
         offset = F.coalesce(F.sum(F.octet_length("value") + 1).over(in_file), F.lit(0))
         relative = F.element_at(F.array(*(F.lit(e.path) for e in plan.files)), F.col("file") + 1)
