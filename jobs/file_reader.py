@@ -41,10 +41,11 @@ def _file_lines(spark: SparkSession, paths: list[str]) -> DataFrame:
     # a local file is `file:/path` (the listing writes `file:///path`).
     listed = {os.path.normpath(unquote(urlparse(uri).path)): re.sub("^file:///", "file:/", uri)
               for uri in lines.inputFiles()}
-    missing = [path for path in paths if os.path.normpath(path) not in listed]
-    if missing:
+    uris = [listed.get(os.path.normpath(path)) for path in paths]
+    if None in uris:
+        missing = [path for path, uri in zip(paths, uris, strict=True) if uri is None]
         raise UnlistedFileError(f"Spark's listing of the batch's files does not name {missing}")
-    position = F.array_position(F.array(*(F.lit(listed[os.path.normpath(p)]) for p in paths)), F.col("_metadata.file_path"))
+    position = F.array_position(F.array(*(F.lit(uri) for uri in uris)), F.col("_metadata.file_path"))
     return lines.select(
         "value",
         F.when(position > 0, position - 1).otherwise(F.raise_error(F.lit("a line of a file not in the batch")))

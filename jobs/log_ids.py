@@ -30,13 +30,13 @@ def recent_ids(table: DeltaTable, version: int) -> pa.Array:
     """The record IDs of the newest commits up to `version`: at most `RECENT_COMMITS` of them, newest first, and
     only while they hold `RECENT_ROWS` rows in all (a bulk load is not "recent" enough to be worth reading)."""
     parts: list[pa.Array] = [pa.array([], pa.string())]
-    rows = 0
+    rows, table_id = 0, table.metadata().id
     for v in range(version, max(-1, version - RECENT_COMMITS), -1):
         commit = _data_adds(table, v)
         rows += sum(json.loads(a.get("stats") or '{"numRecords": 1e18}').get("numRecords", 1e18) for a in commit)
         if rows > RECENT_ROWS:
             break
-        parts.append(_ids_of_commit(table, v, commit))
+        parts.append(_ids_of_commit(table, table_id, v, commit))
     return pa.concat_arrays(parts)
 
 
@@ -45,8 +45,8 @@ def remember_commit_ids(path: str, version: int, ids: pa.Array | pa.ChunkedArray
     _keep((DeltaTable(path).metadata().id, version), ids)
 
 
-def _ids_of_commit(table: DeltaTable, version: int, adds: list[dict]) -> pa.Array:
-    key = (table.metadata().id, version)
+def _ids_of_commit(table: DeltaTable, table_id: str, version: int, adds: list[dict]) -> pa.Array:
+    key = (table_id, version)
     if key not in _commit_ids:
         _keep(key, _read_adds(table, adds)["record_id"])
     return _commit_ids[key]
