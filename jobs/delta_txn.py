@@ -17,6 +17,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -31,6 +32,7 @@ _VERSION = "spark.databricks.delta.write.txnVersion"
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 _lock = threading.Lock()
 _created: set[str] = set()
+_starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onceflow-delta-txn")
 CREATE_RACE_CHECKS = 20
 # How Delta names the conflicts of two writers committing at once (class names, or error classes over Connect).
 _CONFLICTS = ("DELTA_CONCURRENT_", "ConcurrentAppendException", "ConcurrentTransactionException",
@@ -108,9 +110,26 @@ def delta_transaction(spark: SparkSession, app_id: str, version: int, metadata: 
                 spark.conf.unset(key)
 
 
-def append_once(df: DataFrame, path: str, app_id: str, version: int, metadata: dict[str, Any]) -> bool:
+def begin_append(spark: SparkSession, path: str) -> Future | None:
+    """Start, in the background, the Delta transaction whose writer `append_once` will use on the table at `path`
+    (None over Spark Connect, where Delta's `txnAppId` append does it all).
+
+    Starting one brings Spark's view of the table up to date, which after a commit by delta-rs is a Spark job of
+    its own; begun while a batch is read and validated, it overlaps that work. The transaction only lends its
+    writer the table's schema and settings: the commit is delta-rs's, checked against the table as it is then.
+    """
+    session = getattr(spark, "_jsparkSession", None)
+    if session is None:
+        return None
+    delta_log = spark._jvm.org.apache.spark.sql.delta.DeltaLog  # type: ignore[union-attr]
+    return _starter.submit(lambda: delta_log.forTable(session, path).startTransaction())
+
+
+def append_once(
+    df: DataFrame, path: str, app_id: str, version: int, metadata: dict[str, Any], begun: Future | None = None
+) -> bool:
     """Append `df` to the Delta table at `path` as the transaction `(app_id, version)`; False (nothing written) when
-    the table has committed that transaction already.
+    the table has committed that transaction already. `begun` is the table's `begin_append`, if started.
 
     On a classic session Delta's own writer writes the files (partitioned, with its statistics and constraint
     checks) without committing, and delta-rs commits them with the SetTransaction. Both read the table's
@@ -126,7 +145,7 @@ def append_once(df: DataFrame, path: str, app_id: str, version: int, metadata: d
         (df.write.format("delta").mode("append").option("txnAppId", app_id).option("txnVersion", version)
          .option("userMetadata", text).save(path))
         return True
-    adds = _write_files(df, path)
+    adds = _write_files(df, path, begun)
     table = DeltaTable(path)
     if (table.transaction_version(app_id) or 0) >= version:
         return False  # committed meanwhile; the files just written stay unreferenced until VACUUM removes them
@@ -143,11 +162,11 @@ def append_once(df: DataFrame, path: str, app_id: str, version: int, metadata: d
     return True
 
 
-def _write_files(df: DataFrame, path: str) -> list[AddAction]:
+def _write_files(df: DataFrame, path: str, begun: Future | None) -> list[AddAction]:
     """Write `df` as data files of the table at `path` with Delta's writer, uncommitted: their add actions."""
-    delta_log = df.sparkSession._jvm.org.apache.spark.sql.delta.DeltaLog  # type: ignore[union-attr]
-    log = delta_log.forTable(df._jdf.sparkSession(), path)
-    actions = log.startTransaction().writeFiles(df._jdf)
+    if begun is None:
+        begun = begin_append(df.sparkSession, path)
+    actions = begun.result().writeFiles(df._jdf)  # type: ignore[union-attr]
     adds = []
     for i in range(actions.size()):
         add = json.loads(actions.apply(i).json())["add"]

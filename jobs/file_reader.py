@@ -21,7 +21,7 @@ from jobs.durations import parse_duration
 from jobs.landed_ids import LandedRow
 from jobs.landing import BatchOutcome
 from jobs.watermark import FileWatermark, WatermarkEstimator
-from resources.checkpoint import BatchPlan, CheckpointStore, SourceCheckpoint
+from resources.checkpoint import BatchPlan, CheckpointStore, FileEntry, SourceCheckpoint
 from resources.files import JsonLinesDirectory
 
 FILE_STRIDE = 1 << 40
@@ -64,6 +64,7 @@ class FileReader:
             raise TypeError("FileReader needs a settings-resolved FileSource")
         self.pipeline, self.source, self.checkpoints = pipeline, source, checkpoints
         self.directory = JsonLinesDirectory(source.directory, source.pattern)
+        self._counts: dict[FileEntry, int] = {}
 
     def has_data(self, checkpoint: SourceCheckpoint) -> bool:
         return bool(self.directory.discover(set(checkpoint.taken_files), 1, 1))
@@ -87,8 +88,8 @@ class FileReader:
         )
 
     def landed(self, spark: SparkSession, plan: BatchPlan) -> DataFrame:
-        for entry in plan.files:
-            self.directory.check(entry)
+        # The driver reads each file once a batch: to check that it is the file planned, and to count its records.
+        self._counts = {entry: self.directory.count(entry) for entry in plan.files}
         lines = _file_lines(spark, [self.directory.path_of(entry) for entry in plan.files])
         in_file = Window.partitionBy("file").orderBy("block", "seq").rowsBetween(Window.unboundedPreceding, -1)
         offset = F.coalesce(F.sum(F.octet_length("value") + 1).over(in_file), F.lit(0))
@@ -106,7 +107,8 @@ class FileReader:
         )
 
     def landed_count(self, plan: BatchPlan) -> int:
-        return sum(1 for entry in plan.files for _ in self.directory.lines(entry))
+        counts = self._counts
+        return sum(counts[e] if e in counts else self.directory.count(e) for e in plan.files)
 
     def landed_rows(self, plan: BatchPlan) -> list[LandedRow]:
         return [

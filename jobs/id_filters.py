@@ -263,13 +263,17 @@ def committed_among(
     """
     if isinstance(candidates, pa.ChunkedArray):
         candidates = candidates.combine_chunks()
+    candidates = candidates.cast(pa.string())  # the type of the table's IDs as read back
     table = DeltaTable(table_path, version=filters.version)
     try:
         recent = recent_ids(table, filters.version)
     except FileNotFoundError:
-        recent = pa.array([], pa.string())
-    found = pc.is_in(candidates, value_set=recent)
-    seen, rest = candidates.filter(found), candidates.filter(pc.invert(found))
+        recent = []
+    # The few candidates are the set each recent commit is probed against (not the other way round: hashing the
+    # candidates is cheaper than building a set of every recent ID on every batch).
+    in_recent = [ids.filter(pc.is_in(ids, value_set=candidates)) for ids in recent]
+    seen = pa.concat_arrays([pa.array([], pa.string()), *in_recent])
+    rest = candidates.filter(pc.invert(pc.is_in(candidates, value_set=seen)))
     _, buckets = filters.maybe_seen(id_hashes(rest)) if len(rest) else (None, set())
     if buckets:
         held = table.to_pyarrow_table(columns=["record_id"], filters=[("time_bucket", "in", sorted(buckets))])

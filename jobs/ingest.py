@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -30,6 +31,7 @@ from pyspark.sql import types as T
 from jobs.declaration import Pipeline
 from jobs.delta_txn import (
     append_once,
+    begin_append,
     committed_batch,
     committed_metrics,
     create_table_once,
@@ -109,6 +111,7 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
         .drop("data", "attributes")
         .cache()
     )
+    begun = begin_append(spark, source.raw_path)  # meanwhile
     try:
         # One Spark action reads, validates and caches the batch; what the counts need comes back in a few columns.
         slim = classified.select(
@@ -129,7 +132,7 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
         valid_count = result.received - result.dead_lettered_total
         if pipeline.delivery == "at_least_once":
             result.replayed = not append_once(valid.drop("ordinal"), source.raw_path, source.app_id, plan.batch_id,
-                                              metadata)
+                                              metadata, begun)
             result.raw_version = latest_version(source.raw_path)
             result.inserted = valid_count
             return result
@@ -141,7 +144,7 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
                                   metadata)
         else:
             written = _merge_with_filters(spark, source, source.id_filters, plan, valid, (firsts, repeats), metadata,
-                                          result)
+                                          result, begun)
         result.duplicates_in_batch = valid_count - unique_count
         result.raw_version = latest_version(source.raw_path)
         result.replayed, result.lost_race = written.replayed, result.lost_race or written.lost_race
@@ -159,7 +162,7 @@ def _horizon(horizon_floor_ms: int | None) -> str:
 
 def _merge_with_filters(
     spark: SparkSession, source: SourceRuntime, store: IdFilterStore, plan: BatchPlan, valid: DataFrame,
-    dedup: tuple[pa.Table, list[int]], metadata: dict, result: IngestResult,
+    dedup: tuple[pa.Table, list[int]], metadata: dict, result: IngestResult, begun: Future | None,
 ) -> Written:
     """Commit the first record of each ID of a batch's `valid` records (`dedup`: those firsts' `record_id,
     time_bucket, ordinal`, and the ordinals of the repeats) unless the table holds its ID, looking up only the IDs
@@ -179,7 +182,7 @@ def _merge_with_filters(
         excluded, added = [*excluded, *ids["ordinal"].filter(committed).to_pylist()], added.filter(pc.invert(committed))
         result.fast_path.update({"committed_found": len(seen), "buckets_read": read})
     rows = _excluding(spark, valid, "ordinal", excluded).drop("ordinal")  # one anti-join drops both kinds
-    written = _append_new(spark, source, plan, rows, ids.num_rows - len(seen), metadata)
+    written = _append_new(spark, source, plan, rows, ids.num_rows - len(seen), metadata, begun)
     if not written.replayed:
         changed = filters.add(hashes, ids["time_bucket"].to_numpy())
         version = own_commit_version(source.raw_path, metadata, after=filters.version)
@@ -204,10 +207,10 @@ def _summarize(slim: pa.Table, result: IngestResult) -> None:
 def _first_ids(valid: pa.Table) -> tuple[pa.Table, list[int]]:
     """The first record of each ID in landing order (`record_id, time_bucket, ordinal`), and the ordinals of the
     rest."""
-    frame = valid.select(["record_id", "time_bucket", "ordinal"]).to_pandas().sort_values("ordinal")
-    repeated = frame.duplicated("record_id", keep="first").to_numpy()
-    firsts = pa.Table.from_pandas(frame[~repeated], preserve_index=False)
-    return firsts, frame["ordinal"][repeated].tolist()
+    rows = valid.select(["record_id", "time_bucket", "ordinal"])
+    first = rows.group_by("record_id").aggregate([("ordinal", "min")])["ordinal_min"]
+    kept = pc.is_in(rows["ordinal"], value_set=first)  # a batch's ordinals are distinct
+    return rows.filter(kept), rows["ordinal"].filter(pc.invert(kept)).to_pylist()
 
 
 def _excluding(spark: SparkSession, rows: DataFrame, column: str, values: list) -> DataFrame:
@@ -261,12 +264,15 @@ def _merge_once(
 
 
 def _append_new(
-    spark: SparkSession, source: SourceRuntime, plan: BatchPlan, rows: DataFrame, count: int, metadata: dict
+    spark: SparkSession, source: SourceRuntime, plan: BatchPlan, rows: DataFrame, count: int, metadata: dict,
+    begun: Future | None,
 ) -> Written:
     """Append rows known to be new (no ID of theirs in the table), as the transaction `(app id, batch)`."""
+    transactions = iter([begun])  # the one begun ahead serves the first attempt; a retry starts afresh
 
     def append() -> int | None:
-        return count if append_once(rows, source.raw_path, source.app_id, plan.batch_id, metadata) else None
+        written = append_once(rows, source.raw_path, source.app_id, plan.batch_id, metadata, next(transactions, None))
+        return count if written else None
 
     return _commit_once(spark, source, plan, source.raw_path, metadata, append)
 

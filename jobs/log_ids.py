@@ -26,10 +26,11 @@ def ids_added_since(table: DeltaTable, since: int, latest: int) -> pa.Table:
     return _read_adds(table, [add for version in range(since + 1, latest + 1) for add in _data_adds(table, version)])
 
 
-def recent_ids(table: DeltaTable, version: int) -> pa.Array:
-    """The record IDs of the newest commits up to `version`: at most `RECENT_COMMITS` of them, newest first, and
-    only while they hold `RECENT_ROWS` rows in all (a bulk load is not "recent" enough to be worth reading)."""
-    parts: list[pa.Array] = [pa.array([], pa.string())]
+def recent_ids(table: DeltaTable, version: int) -> list[pa.Array]:
+    """The record IDs of the newest commits up to `version`, one array per commit: at most `RECENT_COMMITS` of
+    them, newest first, and only while they hold `RECENT_ROWS` rows in all (a bulk load is not "recent" enough to
+    be worth reading)."""
+    parts: list[pa.Array] = []
     rows, table_id = 0, table.metadata().id
     for v in range(version, max(-1, version - RECENT_COMMITS), -1):
         commit = _data_adds(table, v)
@@ -37,7 +38,7 @@ def recent_ids(table: DeltaTable, version: int) -> pa.Array:
         if rows > RECENT_ROWS:
             break
         parts.append(_ids_of_commit(table, table_id, v, commit))
-    return pa.concat_arrays(parts)
+    return parts
 
 
 def remember_commit_ids(path: str, version: int, ids: pa.Array | pa.ChunkedArray) -> None:

@@ -54,6 +54,10 @@ class JsonLinesDirectory:
             )
         return data
 
+    def count(self, entry: FileEntry) -> int:
+        """How many records (non-empty lines) a taken file holds."""
+        return sum(1 for line in self.check(entry).split(b"\n") if line.strip())
+
     def lines(self, entry: FileEntry) -> Iterator[tuple[int, bytes]]:
         """`(byte offset, line without its newline)` for each non-empty line of a taken file."""
         data = self.check(entry)
