@@ -97,7 +97,6 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
     """Commit one landed batch to the raw and dead-letter tables, exactly once (or at least once)."""
     ensure_tables(spark, source)
     pipeline = source.pipeline
-    result = IngestResult(batch_id=plan.batch_id, landed=source.reader.landed_count(plan))
     ingested_at = F.timestamp_millis("_ingested_ms").alias("ingested_at")
     # The plan travels in the commit: a checkpoint restored from an old copy loses plans, the lake keeps them.
     metadata = {"onceflow_source": source.app_id, "onceflow_batch": plan.batch_id, PLAN_KEY: plan.to_dict()}
@@ -105,18 +104,23 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
     classified = (
         classify(landed, contract, plan.planned_at_ms, plan.horizon_floor_ms, batch_id=plan.batch_id,
                  _ingested_ms=plan.planned_at_ms)
-        .withColumn("time_bucket", F.expr(bucket_of("event_time")))
-        # The record's bytes are kept only where a dead letter needs them (text that is not UTF-8): half the cache.
-        .withColumn("raw", F.when(F.col("reason").isNotNull(), F.coalesce(F.col("payload"), F.base64("data"))))
+        .withColumns({
+            "time_bucket": F.expr(bucket_of("event_time")),
+            # The record's bytes are kept only where a dead letter needs them (text that is not UTF-8): half the cache.
+            "raw": F.when(F.col("reason").isNotNull(), F.coalesce(F.col("payload"), F.base64("data"))),
+        })
         .drop("data", "attributes")
         .cache()
     )
     begun = begin_append(spark, source.raw_path)  # meanwhile
     try:
         # One Spark action reads, validates and caches the batch; what the counts need comes back in a few columns.
-        slim = classified.select(
-            "reason", "record_id", "ordinal", F.unix_millis("event_time").alias("t"), "time_bucket"
-        ).toArrow()
+        try:
+            slim = classified.select(
+                "reason", "record_id", "ordinal", F.unix_millis("event_time").alias("t"), "time_bucket"
+            ).toArrow()
+        finally:  # counted meanwhile: a file changed since planning is the error to report, whatever Spark says
+            result = IngestResult(batch_id=plan.batch_id, landed=source.reader.landed_count(plan))
         _summarize(slim, result)
         if result.dead_lettered:
             dead = classified.filter(F.col("reason").isNotNull()).select(

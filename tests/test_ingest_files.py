@@ -92,19 +92,25 @@ def test_files_land_exactly_once_with_dead_letters(spark: SparkSession, incoming
 
 def test_positional_record_ids_without_an_id_field(spark: SparkSession, incoming: Path, home: Path) -> None:
     lines = [json.dumps({"event_time": START_MS, "key": "k", "value": v}) for v in (1, 22, 333)]
-    # One batch of two files, one named with characters Spark escapes in the file URIs it reports.
+    # One batch of two files, one named with characters Spark escapes in the file URIs it reports, its lines ended
+    # by CRLF: positions count the CRs, payloads hold none.
     odd = "odd dir %é/x y+z%.jsonl"
     write_jsonl(incoming / "p.jsonl", lines)
-    write_jsonl(incoming / odd, lines)
+    (incoming / odd).parent.mkdir(parents=True, exist_ok=True)
+    (incoming / odd).write_bytes("".join(f"{line}\r\n" for line in lines).encode())
     base = builtin("events")
     pipeline = dataclasses.replace(base, source=dataclasses.replace(base.source, id_field=None))
     source = source_for(pipeline, home)
 
     drain(lambda: spark, source)
 
-    offsets = [0, len(lines[0]) + 1, len(lines[0]) + len(lines[1]) + 2]
-    expected = sorted(f"{name}:{o}" for name in ("p.jsonl", odd) for o in offsets)
-    assert [r[0] for r in read_rows(source.raw_path, ["record_id"])] == expected
+    def at(name: str, ending: int) -> list[str]:
+        return [f"{name}:{sum(len(line) + ending for line in lines[:i])}" for i in range(len(lines))]
+
+    expected = sorted([*at("p.jsonl", 1), *at(odd, 2)])
+    rows = read_rows(source.raw_path, ["record_id", "payload"])
+    assert [r[0] for r in rows] == expected
+    assert sorted(r[1] for r in rows) == sorted(lines * 2)
 
 
 def test_a_batch_is_exactly_what_was_planned_before_a_crash(spark: SparkSession, incoming: Path, home: Path) -> None:
