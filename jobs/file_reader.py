@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from urllib.parse import unquote, urlparse
 
 from pyspark.sql import DataFrame, SparkSession, Window
@@ -27,9 +26,6 @@ from resources.files import JsonLinesDirectory
 
 FILE_STRIDE = 1 << 40
 """Ordinals are `file index * FILE_STRIDE + byte offset`: landing order, for files under a terabyte."""
-
-
-_checker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onceflow-file-check")
 
 
 class UnlistedFileError(RuntimeError):
@@ -68,7 +64,7 @@ class FileReader:
             raise TypeError("FileReader needs a settings-resolved FileSource")
         self.pipeline, self.source, self.checkpoints = pipeline, source, checkpoints
         self.directory = JsonLinesDirectory(source.directory, source.pattern)
-        self._counting: tuple[tuple[FileEntry, ...], Future[dict[FileEntry, int]]] | None = None
+        self._counts: dict[FileEntry, int] = {}
 
     def has_data(self, checkpoint: SourceCheckpoint) -> bool:
         return bool(self.directory.discover(set(checkpoint.taken_files), 1, 1))
@@ -92,9 +88,8 @@ class FileReader:
         )
 
     def landed(self, spark: SparkSession, plan: BatchPlan) -> DataFrame:
-        # The driver reads each file once a batch, while Spark reads it: to check that it is the file planned (which
-        # `landed_count` reports, before anything commits) and to count its records.
-        self._counting = (plan.files, _checker.submit(lambda: {e: self.directory.count(e) for e in plan.files}))
+        # The driver reads each file once a batch: to check that it is the file planned, and to count its records.
+        self._counts = {entry: self.directory.count(entry) for entry in plan.files}
         lines = _file_lines(spark, [self.directory.path_of(entry) for entry in plan.files])
         in_file = Window.partitionBy("file").orderBy("block", "seq").rowsBetween(Window.unboundedPreceding, -1)
         offset = F.coalesce(F.sum(F.octet_length("value") + 1).over(in_file), F.lit(0))
@@ -114,8 +109,7 @@ class FileReader:
         )
 
     def landed_count(self, plan: BatchPlan) -> int:
-        files, counting = self._counting or ((), None)
-        counts = counting.result() if counting is not None and files == plan.files else {}
+        counts = self._counts
         return sum(counts[e] if e in counts else self.directory.count(e) for e in plan.files)
 
     def landed_rows(self, plan: BatchPlan) -> list[LandedRow]:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -41,6 +41,7 @@ from jobs.delta_txn import (
     own_commit_version,
     table_properties,
 )
+from jobs.first_records import first_ids, first_per_id, without_ordinals
 from jobs.id_filters import IdFilterStore, committed_among, id_hashes
 from jobs.ingest_result import IngestResult
 from jobs.log_ids import remember_commit_ids
@@ -97,6 +98,7 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
     """Commit one landed batch to the raw and dead-letter tables, exactly once (or at least once)."""
     ensure_tables(spark, source)
     pipeline = source.pipeline
+    result = IngestResult(batch_id=plan.batch_id, landed=source.reader.landed_count(plan))
     ingested_at = F.timestamp_millis("_ingested_ms").alias("ingested_at")
     # The plan travels in the commit: a checkpoint restored from an old copy loses plans, the lake keeps them.
     metadata = {"onceflow_source": source.app_id, "onceflow_batch": plan.batch_id, PLAN_KEY: plan.to_dict()}
@@ -115,19 +117,16 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
     begun = begin_append(spark, source.raw_path)  # meanwhile
     try:
         # One Spark action reads, validates and caches the batch; what the counts need comes back in a few columns.
-        try:
-            slim = classified.select(
-                "reason", "record_id", "ordinal", F.unix_millis("event_time").alias("t"), "time_bucket"
-            ).toArrow()
-        finally:  # counted meanwhile: a file changed since planning is the error to report, whatever Spark says
-            result = IngestResult(batch_id=plan.batch_id, landed=source.reader.landed_count(plan))
+        slim = classified.select(
+            "reason", "record_id", "ordinal", F.unix_millis("event_time").alias("t"), "time_bucket"
+        ).toArrow()
         _summarize(slim, result)
         if result.dead_lettered:
             dead = classified.filter(F.col("reason").isNotNull()).select(
                 "source_position", "raw", "reason", "detail",
                 "record_id", "event_time", "batch_id", ingested_at, "ordinal",
             )
-            written = _merge_once(spark, source, plan, _first_per_id(dead), source.dead_letter_path, "", metadata)
+            written = _merge_once(spark, source, plan, first_per_id(dead), source.dead_letter_path, "", metadata)
             result.dead_lettered_new = written.inserted
         valid = classified.filter(F.col("reason").isNull()).select(
             "record_id", "event_time", *(f.name for f in contract.schema), "payload", "source_position",
@@ -140,10 +139,10 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
             result.raw_version = latest_version(source.raw_path)
             result.inserted = valid_count
             return result
-        firsts, repeats = _first_ids(slim.filter(pc.is_null(slim["reason"])))
+        firsts, repeats = first_ids(slim.filter(pc.is_null(slim["reason"])))
         unique_count = firsts.num_rows
         if source.id_filters is None:
-            unique = _excluding(spark, valid, "ordinal", repeats).drop("ordinal")
+            unique = without_ordinals(spark, valid, repeats)
             written = _merge_once(spark, source, plan, unique, source.raw_path, _horizon(plan.horizon_floor_ms),
                                   metadata)
         else:
@@ -185,7 +184,7 @@ def _merge_with_filters(
         committed = pc.is_in(ids["record_id"], value_set=pa.array(seen, ids["record_id"].type))
         excluded, added = [*excluded, *ids["ordinal"].filter(committed).to_pylist()], added.filter(pc.invert(committed))
         result.fast_path.update({"committed_found": len(seen), "buckets_read": read})
-    rows = _excluding(spark, valid, "ordinal", excluded).drop("ordinal")  # one anti-join drops both kinds
+    rows = without_ordinals(spark, valid, excluded)  # one anti-join drops both kinds
     written = _append_new(spark, source, plan, rows, ids.num_rows - len(seen), metadata, begun)
     if not written.replayed:
         changed = filters.add(hashes, ids["time_bucket"].to_numpy())
@@ -206,29 +205,6 @@ def _summarize(slim: pa.Table, result: IngestResult) -> None:
     times = slim.filter(pc.is_null(slim["reason"]))["t"]
     if len(times):
         result.min_event_time_ms, result.max_event_time_ms = pc.min(times).as_py(), pc.max(times).as_py()
-
-
-def _first_ids(valid: pa.Table) -> tuple[pa.Table, list[int]]:
-    """The first record of each ID in landing order (`record_id, time_bucket, ordinal`), and the ordinals of the
-    rest."""
-    rows = valid.select(["record_id", "time_bucket", "ordinal"])
-    first = rows.group_by("record_id").aggregate([("ordinal", "min")])["ordinal_min"]
-    kept = pc.is_in(rows["ordinal"], value_set=first)  # a batch's ordinals are distinct
-    return rows.filter(kept), rows["ordinal"].filter(pc.invert(kept)).to_pylist()
-
-
-def _excluding(spark: SparkSession, rows: DataFrame, column: str, values: list) -> DataFrame:
-    """`rows` without those whose `column` is one of `values` (sent once as a small broadcast table)."""
-    if not values:
-        return rows
-    excluded = spark.createDataFrame(pa.table({column: values}))
-    return rows.join(F.broadcast(excluded), column, "left_anti")
-
-
-def _first_per_id(records: DataFrame) -> DataFrame:
-    """The first record of each ID in landing order: the one a batch keeps."""
-    first = Window.partitionBy("record_id").orderBy("ordinal")
-    return records.withColumn("_rank", F.row_number().over(first)).filter("_rank = 1").drop("_rank", "ordinal")
 
 
 @dataclass(frozen=True)

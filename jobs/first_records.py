@@ -1,0 +1,34 @@
+"""Which record of a batch is kept for each record ID: the first in landing order (its `ordinal`).
+
+A batch's valid records are deduplicated on the driver from a few of their columns (`first_ids`) and the rest
+dropped in Spark by ordinal (`without_ordinals`); its dead letters, a handful, entirely in Spark (`first_per_id`).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+
+def first_ids(valid: pa.Table) -> tuple[pa.Table, list[int]]:
+    """The first record of each ID (`record_id, time_bucket, ordinal`), and the ordinals of the rest."""
+    rows = valid.select(["record_id", "time_bucket", "ordinal"])
+    first = rows.group_by("record_id").aggregate([("ordinal", "min")])["ordinal_min"]
+    kept = pc.is_in(rows["ordinal"], value_set=first)  # a batch's ordinals are distinct
+    return rows.filter(kept), rows["ordinal"].filter(pc.invert(kept)).to_pylist()
+
+
+def without_ordinals(spark: SparkSession, rows: DataFrame, ordinals: list[int]) -> DataFrame:
+    """`rows` without those at `ordinals` (sent once as a small broadcast table), and without the ordinal column."""
+    if ordinals:
+        excluded = spark.createDataFrame(pa.table({"ordinal": pa.array(ordinals, pa.int64())}))
+        rows = rows.join(F.broadcast(excluded), "ordinal", "left_anti")
+    return rows.drop("ordinal")
+
+
+def first_per_id(records: DataFrame) -> DataFrame:
+    """The first record of each ID, without the ordinal column."""
+    first = Window.partitionBy("record_id").orderBy("ordinal")
+    return records.withColumn("_rank", F.row_number().over(first)).filter("_rank = 1").drop("_rank", "ordinal")
