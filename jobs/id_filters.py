@@ -266,13 +266,12 @@ def committed_among(
     candidates = candidates.cast(pa.string())  # the type of the table's IDs as read back
     table = DeltaTable(table_path, version=filters.version)
     try:
-        recent = recent_ids(table, filters.version)
+        recent = pa.chunked_array([ids.cast(pa.string()) for ids in recent_ids(table, filters.version)], pa.string())
     except FileNotFoundError:
-        recent = []
-    # The few candidates are the set each recent commit is probed against (not the other way round: hashing the
+        recent = pa.chunked_array([], pa.string())
+    # The few candidates are the set the recent IDs are probed against (not the other way round: hashing the
     # candidates is cheaper than building a set of every recent ID on every batch).
-    in_recent = [ids.filter(pc.is_in(ids, value_set=candidates)) for ids in recent]
-    seen = pa.concat_arrays([pa.array([], pa.string()), *in_recent])
+    seen = recent.filter(pc.is_in(recent, value_set=candidates)).combine_chunks()
     rest = candidates.filter(pc.invert(pc.is_in(candidates, value_set=seen)))
     _, buckets = filters.maybe_seen(id_hashes(rest)) if len(rest) else (None, set())
     if buckets:
