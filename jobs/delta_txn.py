@@ -145,10 +145,14 @@ def append_once(
         (df.write.format("delta").mode("append").option("txnAppId", app_id).option("txnVersion", version)
          .option("userMetadata", text).save(path))
         return True
-    adds = _write_files(df, path, begun)
+    read_version, adds = _write_files(df, path, begun)
     table = DeltaTable(path)
     if (table.transaction_version(app_id) or 0) >= version:
         return False  # committed meanwhile; the files just written stay unreferenced until VACUUM removes them
+    if table.version() > read_version and _definition(DeltaTable(path, version=read_version)) != _definition(table):
+        # Written for a schema, constraints or protocol the table no longer has: Spark would refuse the commit too.
+        raise CommitFailedError(f"{path}: the table was redefined after version {read_version}, which this append "
+                                "was written for")
     rows = sum(json.loads(add.stats)["numRecords"] for add in adds)
     metrics = {"numFiles": str(len(adds)), "numOutputRows": str(rows),
                "numOutputBytes": str(sum(add.size for add in adds))}
@@ -162,17 +166,27 @@ def append_once(
     return True
 
 
-def _write_files(df: DataFrame, path: str, begun: Future | None) -> list[AddAction]:
-    """Write `df` as data files of the table at `path` with Delta's writer, uncommitted: their add actions."""
+def _write_files(df: DataFrame, path: str, begun: Future | None) -> tuple[int, list[AddAction]]:
+    """Write `df` as data files of the table at `path` with Delta's writer, uncommitted: the table version they
+    were written for, and their add actions."""
     if begun is None:
         begun = begin_append(df.sparkSession, path)
-    actions = begun.result().writeFiles(df._jdf)  # type: ignore[union-attr]
+    transaction = begun.result()  # type: ignore[union-attr]
+    actions = transaction.writeFiles(df._jdf)
     adds = []
     for i in range(actions.size()):
         add = json.loads(actions.apply(i).json())["add"]
         adds.append(AddAction(add["path"], add["size"], add["partitionValues"], add["modificationTime"],
                               add["dataChange"], add["stats"]))
-    return adds
+    return transaction.snapshot().version(), adds
+
+
+def _definition(table: DeltaTable) -> tuple:
+    """What files written for a table depend on: its schema, partitioning, settings (constraints among them)
+    and protocol."""
+    metadata, protocol = table.metadata(), table.protocol()
+    return (table.schema().to_json(), metadata.partition_columns, metadata.configuration, protocol.min_reader_version,
+            protocol.min_writer_version, protocol.reader_features, protocol.writer_features)
 
 
 def latest_version(path: str) -> int:

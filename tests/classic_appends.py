@@ -18,6 +18,7 @@ from pyspark.sql import functions as F
 import jobs.delta_txn as delta_txn
 from jobs.delta_txn import (
     append_once,
+    begin_append,
     committed_metrics,
     create_table_once,
     is_concurrent_commit,
@@ -70,6 +71,21 @@ def main(path: str) -> dict[str, Any]:
         # Another source's commit in between does not conflict: both are in.
         "other_source": race(spark, path, (rows(spark, 300, 310), "b", 1), (rows(spark, 400, 410), "a", 3)),
     }
+    # A transaction begun, then the table redefined before the append commits: refused, and a fresh attempt is
+    # held to the new definition.
+    begun = begin_append(spark, path)
+    assert begun is not None
+    begun.result()
+    spark.sql(f"ALTER TABLE delta.`{path}` ADD CONSTRAINT before_500 CHECK (record_id < 'r0500')")
+    late = {"onceflow_source": "c", "onceflow_batch": 1}
+    try:
+        seen["redefined"] = str(append_once(rows(spark, 500, 510), path, "c", 1, late, begun))
+    except Exception as error:
+        seen["redefined"] = "conflict" if is_concurrent_commit(error) else f"error: {error}"
+    try:
+        seen["redefined_retry"] = str(append_once(rows(spark, 500, 510), path, "c", 1, late))
+    except Exception as error:
+        seen["redefined_retry"] = "violation" if "DELTA_VIOLATE_CONSTRAINT" in str(error) else f"error: {error}"
     ids = DeltaTable(path).to_pyarrow_table(columns=["record_id"]).column("record_id").to_pylist()
     seen["ids"] = sorted(ids)
     seen["spark_count"] = spark.read.format("delta").load(path).count()

@@ -22,6 +22,8 @@ def test_a_raced_append_of_one_batch_commits_once_and_other_sources_still_commit
     assert (seen["first"], seen["replay"]) == (True, False)
     assert seen["same_batch"] == "conflict"  # the loser read the table before the winner committed batch 2
     assert seen["other_source"] == "committed"
+    # Written for the table before a constraint was added: not committed; written again, the constraint holds.
+    assert (seen["redefined"], seen["redefined_retry"]) == ("conflict", "violation")
     expected = [f"r{i:04d}" for i in [*range(0, 150), *range(300, 310), *range(400, 410)]]
     assert seen["ids"] == expected  # the loser's rows 200-249 are nowhere; nothing twice
     assert seen["spark_count"] == len(expected)
