@@ -116,7 +116,8 @@ def begin_append(spark: SparkSession, path: str) -> Future | None:
 
     Starting one brings Spark's view of the table up to date, which after a commit by delta-rs is a Spark job of
     its own; begun while a batch is read and validated, it overlaps that work. The transaction only lends its
-    writer the table's schema and settings: the commit is delta-rs's, checked against the table as it is then.
+    writer the table's definition (schema, constraints, settings): the commit is delta-rs's, and `append_once`
+    refuses it if the table was redefined since the transaction began.
     """
     session = getattr(spark, "_jsparkSession", None)
     if session is None:

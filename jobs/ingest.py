@@ -114,7 +114,7 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
         .drop("data", "attributes")
         .cache()
     )
-    begun = begin_append(spark, source.raw_path)  # meanwhile
+    begun = begin_append(spark, source.raw_path)  # it runs beside the batch's first Spark job
     try:
         # One Spark action reads, validates and caches the batch; what the counts need comes back in a few columns.
         slim = classified.select(
