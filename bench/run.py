@@ -8,7 +8,8 @@ One process, one Spark session (started before any timing), one generated data s
 - `floor`: a plain `read.json` -> Delta append, no dedup (`bench.peer`).
 
 After a discarded warm-up of each contender on a small data set, the rounds alternate all contenders in that
-order; each figure is the median records/s per contender. Only the ingest itself is timed (see each module). After
+order, each run starting once the disk has written back the runs before it (`os.sync`); each figure is the
+median records/s per contender. Only the ingest itself is timed (see each module). After
 each timed run of `exactly_once` and of the streams, the last batch is replayed as after a crash between the sink
 commit and the checkpoint update, and the duplicates the table then holds are counted (not timed).
 
@@ -105,6 +106,9 @@ def run_one(
     round_no: int, replay: bool,
 ) -> dict[str, Any]:
     """One checked run of `contender` over `source` (`events` distinct events); the JSON-ready record of it."""
+    # The disk's write-back of the runs before is done first: onceflow's checkpoints fsync, and would otherwise wait
+    # for the files another contender just wrote or deleted.
+    os.sync()
     if contender not in ONCEFLOW:
         run = peer.run_contender(spark, contender, source, work, round_no, replay=replay)
         peer.check(run, events)
