@@ -16,7 +16,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
@@ -79,21 +79,27 @@ def committed_batch(path: str, app_id: str) -> int | None:
         return None
 
 
-def committed_metadata(path: str, app_id: str, version: int) -> dict[str, Any] | None:
-    """The metadata the commit of `(app_id, version)` carried (see `delta_transaction`), read from the table's log
-    with delta-rs; None if the table holds no such commit (yet, or any more)."""
+def committed_metadata(path: str, app_id: str, versions: Collection[int]) -> dict[int, dict[str, Any]]:
+    """The metadata the commits of `(app_id, v)` for v in `versions` carried (see `delta_transaction`), by version,
+    read from the table's log with delta-rs in one pass; a version the table holds no commit of (yet, or any
+    more) is absent."""
+    wanted, found = set(versions), {}
     try:
-        history = DeltaTable(path).history()
+        history = DeltaTable(path).history() if wanted else []
     except TableNotFoundError:
-        return None
+        return found
     for commit in history:
         try:
             metadata = json.loads(commit.get("userMetadata") or "{}")
         except json.JSONDecodeError:
             continue  # a commit made by someone else, with metadata of their own
-        if metadata.get("onceflow_source") == app_id and metadata.get("onceflow_batch") == version:
-            return metadata
-    return None
+        version = metadata.get("onceflow_batch")
+        if metadata.get("onceflow_source") == app_id and version in wanted:
+            found[version] = metadata
+            wanted.discard(version)
+            if not wanted:
+                break
+    return found
 
 
 @contextmanager

@@ -56,6 +56,7 @@ DEAD_LETTER_COLUMNS = """
 """
 MERGE_TRIES = 3
 PLAN_KEY = "onceflow_plan"
+EVENT_TIMES_KEY = "onceflow_event_times"
 RAW_STATS_COLUMNS = ("record_id", "event_time", "batch_id")
 """What reads of the raw table skip files by (windows read event-time ranges); statistics of the payload's
 columns would cost every append a fifth of its time for no reader."""
@@ -121,6 +122,8 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
             "reason", "record_id", "ordinal", F.unix_millis("event_time").alias("t"), "time_bucket"
         ).toArrow()
         _summarize(slim, result)
+        if result.min_event_time_ms is not None:  # and its event times, for the watermark and the windows
+            metadata[EVENT_TIMES_KEY] = [result.min_event_time_ms, result.max_event_time_ms]
         if result.dead_lettered:
             dead = classified.filter(F.col("reason").isNotNull()).select(
                 "source_position", "raw", "reason", "detail",

@@ -15,11 +15,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
 from jobs.delta_txn import committed_batch, committed_metadata
-from jobs.ingest import PLAN_KEY, ingest_batch
+from jobs.ingest import EVENT_TIMES_KEY, PLAN_KEY, ingest_batch
 from jobs.ingest_result import IngestResult
 from jobs.source_reader import SourceReader, SourceRuntime, source_watermark_ms
 from resources.checkpoint import BatchPlan, SourceCheckpoint
@@ -53,16 +54,23 @@ def run_micro_batch(get_spark: Callable[[], SparkSession], source: SourceRuntime
     return result
 
 
+def lake_batch(source: SourceRuntime) -> int:
+    """The last batch of the source the lake has committed: the SetTransaction version its tables hold."""
+    return max(committed_batch(source.raw_path, source.app_id) or 0,
+               committed_batch(source.dead_letter_path, source.app_id) or 0)
+
+
 def align_with_lake(source: SourceRuntime) -> tuple[SourceCheckpoint, int | None]:
     """The checkpoint, moved up to the last batch the lake has committed for this source if it was behind; and
     the batch it said before, when it was behind (else None).
 
     The lake one batch ahead with that batch's plan at hand is the ordinary crash between the Delta commit and
     the checkpoint: the plan is replayed (a no-op in Delta) and advances the checkpoint as it should. Further
-    ahead, or without the plan, the checkpoint was lost or restored from an older copy.
+    ahead, or without the plan, the checkpoint was lost or restored from an older copy. What it skips is learnt
+    back from the commits themselves: each carries its plan and its records' event-time range, so the watermark
+    and the windows go on as if the checkpoint had never been behind.
     """
-    lake = max(committed_batch(source.raw_path, source.app_id) or 0,
-               committed_batch(source.dead_letter_path, source.app_id) or 0)
+    lake = lake_batch(source)
     checkpoint = source.checkpoints.load()
     next_batch = checkpoint.next_batch
     if lake < next_batch or (lake == next_batch and source.checkpoints.get_plan(next_batch) is not None):
@@ -73,16 +81,23 @@ def align_with_lake(source: SourceRuntime) -> tuple[SourceCheckpoint, int | None
         f"batch {lake + 1}; nothing committed is lost or written twice (`onceflow reset {source.pipeline.name}` "
         "starts a new epoch deliberately)"
     )
+    carried = committed_metadatas(source, range(next_batch, lake + 1))
 
     def realign(c: SourceCheckpoint) -> SourceCheckpoint:
         # The batches it skips are committed: their messages leave the source's backlog as if each had advanced
         # the checkpoint (else a backlog kept from what onceflow saw waits for them for ever).
         watermark = source.reader.watermark(c.watermark)
         for batch in range(c.committed_batch + 1, lake + 1):
-            plan = plan_of(source, batch)
+            metadata = carried.get(batch, {})
+            times = metadata.get(EVENT_TIMES_KEY)
+            if times is not None:
+                with_event_times(c, batch, *times)
+            plan = source.checkpoints.get_plan(batch) or _plan_in(metadata)
+            if plan is None:
+                continue
+            c.taken_files.update({f.path: f for f in plan.files})
             try:
-                if plan is not None:
-                    source.reader.after_commit(watermark, plan, _Realigned(), _now_ms())
+                source.reader.after_commit(watermark, plan, _Realigned(times[1] if times else None), _now_ms())
             except FileNotFoundError:
                 log.warning(f"{source.app_id} batch {batch}: its landing is gone; the watermark may wait for it")
         c.watermark = watermark.to_state()
@@ -92,23 +107,31 @@ def align_with_lake(source: SourceRuntime) -> tuple[SourceCheckpoint, int | None
     return source.checkpoints.update(realign), checkpoint.committed_batch
 
 
+def committed_metadatas(source: SourceRuntime, batches: range) -> dict[int, dict]:
+    """What the commits of `batches` carried, by batch, from the raw and dead-letter tables' logs."""
+    found: dict[int, dict] = {}
+    for path in (source.raw_path, source.dead_letter_path):
+        found = committed_metadata(path, source.app_id, [b for b in batches if b not in found]) | found
+    return found
+
+
 def plan_of(source: SourceRuntime, batch: int) -> BatchPlan | None:
     """A committed batch's plan: from the checkpoints, else as its commit carried it (what is left when the
     checkpoints were restored from an old copy); None when neither holds it."""
-    plan = source.checkpoints.get_plan(batch)
-    if plan is not None:
-        return plan
-    for path in (source.raw_path, source.dead_letter_path):
-        metadata = committed_metadata(path, source.app_id, batch)
-        if metadata and PLAN_KEY in metadata:
-            return BatchPlan.from_dict(metadata[PLAN_KEY])
-    return None
+    return source.checkpoints.get_plan(batch) or _plan_in(committed_metadatas(source, range(batch, batch + 1)).get(
+        batch, {}))
 
 
+def _plan_in(metadata: dict) -> BatchPlan | None:
+    return BatchPlan.from_dict(metadata[PLAN_KEY]) if PLAN_KEY in metadata else None
+
+
+@dataclass(frozen=True)
 class _Realigned:
-    """What the watermark learns from a batch found committed in the lake: its event times are not known here."""
+    """What the watermark learns from a batch found committed in the lake: the newest event time its commit
+    carried (None from a commit made before commits carried it)."""
 
-    max_event_time_ms: int | None = None
+    max_event_time_ms: int | None
 
 
 def horizon_floor_ms(delivery: str, dedup_horizon_s: int, checkpoint: SourceCheckpoint) -> int | None:
@@ -145,13 +168,8 @@ def advanced(
     watermark.current(_now_ms())
     checkpoint.watermark = watermark.to_state()
     checkpoint.committed_batch = plan.batch_id
-    if result.max_event_time_ms is not None:
-        checkpoint.max_event_time_ms = max(checkpoint.max_event_time_ms or 0, result.max_event_time_ms)
-    if result.min_event_time_ms is not None:
-        checkpoint.min_event_time_ms = min(checkpoint.min_event_time_ms or result.min_event_time_ms,
-                                           result.min_event_time_ms)
-        recent = [*checkpoint.recent_batches, (plan.batch_id, result.min_event_time_ms)]
-        checkpoint.recent_batches = recent[-SourceCheckpoint.RECENT_BATCHES :]
+    if result.min_event_time_ms is not None and result.max_event_time_ms is not None:
+        with_event_times(checkpoint, plan.batch_id, result.min_event_time_ms, result.max_event_time_ms)
     checkpoint.taken_files.update({f.path: f for f in plan.files})
     for name, count in (
         ("received", result.received),
@@ -161,3 +179,12 @@ def advanced(
     ):
         checkpoint.totals[name] = checkpoint.totals.get(name, 0) + count
     return checkpoint
+
+
+def with_event_times(checkpoint: SourceCheckpoint, batch_id: int, min_ms: int, max_ms: int) -> None:
+    """Widen the checkpoint's event-time range by batch `batch_id`'s valid records, `[min_ms, max_ms]`."""
+    old_min, old_max = checkpoint.min_event_time_ms, checkpoint.max_event_time_ms
+    checkpoint.min_event_time_ms = min_ms if old_min is None else min(old_min, min_ms)
+    checkpoint.max_event_time_ms = max_ms if old_max is None else max(old_max, max_ms)
+    recent = [*checkpoint.recent_batches, (batch_id, min_ms)]
+    checkpoint.recent_batches = recent[-SourceCheckpoint.RECENT_BATCHES :]

@@ -138,8 +138,14 @@ class PubSubWatermark:
         self.probe.tracked(samples, tracked_through_ms)
 
     def committed(self, messages: Iterable[MessageKey]) -> None:
-        """Report base-subscription messages `(message_id, publish_time_ms)` committed to the raw table."""
+        """Report base-subscription messages `(message_id, publish_time_ms)` committed to the raw table.
+
+        They are data published at those times, too: a state that lost its samples (a checkpoint restored from an
+        older copy, realigned with the lake's commits) still knows that data came, so the watermark resumes.
+        Only the idle rule reads this, and a later time only delays it."""
+        messages = list(messages)
         self.probe.committed(messages)
+        self._last_data_ms = _max_opt(self._last_data_ms, max((t for _, t in messages), default=None))
 
     def current(self, now_ms: int) -> int | None:
         """Compute the watermark at `now_ms` (see the class), record it and return it; None before any data."""

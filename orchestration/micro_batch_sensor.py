@@ -1,9 +1,11 @@
 """`<pipeline>_micro_batch_sensor` (`events_micro_batch_sensor`): requests the next micro-batch of a source.
 
-A batch is requested when the source has new data, or, with no new data, every `idle_tick_s` while some window
-is still open, so that an idle source's watermark advances and its last windows close. Never while a batch of
-the source is in flight (queued, running, or failed with a Dagster retry pending): batches commit in order, one
-at a time, which the source's concurrency pool enforces as well.
+A batch is requested when the source has new data; when its lake holds batches its checkpoint does not (the
+checkpoint was restored from an older copy: the batch realigns it, so the watermark and the windows resume even
+with no new data); or, with no new data, every `idle_tick_s` while some window is still open, so that an idle
+source's watermark advances and its last windows close. Never while a batch of the source is in flight (queued,
+running, or failed with a Dagster retry pending): batches commit in order, one at a time, which the source's
+concurrency pool enforces as well.
 
 Run keys are `<pipeline>:batch:<n>`, n the batch the source checkpoint expects next. A run that ended without
 committing batch n (it found no data, or failed for good) has used that key; the next request for n is then
@@ -19,6 +21,7 @@ from google.api_core.exceptions import NotFound
 
 from jobs.declaration import Pipeline
 from jobs.ingest_job import source_tag
+from jobs.micro_batch import lake_batch
 from jobs.panes import Window
 from jobs.source_reader import open_source, source_watermark_ms
 from orchestration.runs import in_flight, runs_tagged
@@ -68,6 +71,8 @@ def build_micro_batch_sensor(pipeline: Pipeline, idle_tick_s: float) -> dg.Senso
             return dg.SkipReason(f"{pipeline.source_id}: {missing.message}")
         if has_data:
             why = "new data"
+        elif lake_batch(source) > checkpoint.committed_batch:
+            why = "the lake is ahead of the checkpoint: realign it"  # it was restored from an older copy
         elif windows_open(pipeline, checkpoint) and now_ms - cursor["at_ms"] >= idle_tick_s * 1000:
             why = "idle tick: advance the watermark"
         else:

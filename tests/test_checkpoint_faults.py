@@ -10,19 +10,24 @@ import sys
 import time
 from pathlib import Path
 
+import dagster as dg
 import pytest
 from pyspark.sql import SparkSession
 
 from jobs.micro_batch import run_micro_batch
 from jobs.reconcile import landed_records, reconcile_source
 from jobs.source_reader import open_source
+from orchestration.micro_batch_sensor import build_micro_batch_sensor
+from orchestration.window_sensor import build_window_sensor
 from orchestration.workload import expected_raw, make_events, publish_events
 from resources.checkpoint import EpochStore
 from resources.lake import LakeResource
+from resources.pubsub import PubSubResource
 from resources.pubsub_emulator import PubSubEmulator
 from tests.delta_reader import read_rows, transaction_version
 from tests.pipelines import TOPIC, builtin, drain, events_pipeline, new_project, setup
 from tests.test_ingest_files import seed_files, write_jsonl
+from tests.test_sensors import evaluate
 
 RAW = ["record_id", "event_time", "key", "value"]
 # An hour ago: inside the dedup horizon (1 d) below any watermark an idle source may reach meanwhile.
@@ -130,3 +135,42 @@ def test_a_reset_starts_a_new_epoch_with_a_new_app_id(
     assert read_rows(source.raw_path, RAW) == expected_raw(events)
     assert transaction_version(source.raw_path, "events/files") == 2
     assert transaction_version(source.raw_path, "events/files@1") == 2
+
+
+def test_a_checkpoint_lost_after_traffic_stopped_is_realigned_and_its_windows_still_close(
+    spark: SparkSession, pubsub_emulator: PubSubEmulator, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ONCEFLOW_WATERMARK_BAND_S", "1")  # the watermark passes the windows a second after the drain
+    pipeline, project = events_pipeline(max_messages=100), new_project()
+    client, source = setup(project, str(home), pipeline)
+    events = make_events(250, START_MS, 300_000, seed=6)
+    publish_events(client, TOPIC, events)
+    drain(lambda: spark, source)
+    time.sleep(1.5)
+    assert run_micro_batch(lambda: spark, source) is None
+    before = source.checkpoints.load()
+    lake, pubsub = LakeResource(home=str(home)), PubSubResource(project=project, emulator_host=pubsub_emulator.host)
+    micro_batch = build_micro_batch_sensor(pipeline, idle_tick_s=3600)
+    windows = build_window_sensor(pipeline, pipeline.outputs[0])
+    with dg.instance_for_test() as instance:
+        expected = [r.run_key for r in evaluate(windows, instance, lake, None).run_requests]
+        assert len(expected) >= 2  # windows with data that the watermark has passed
+
+        # Traffic is over when the checkpoints go (lost, or restored from a copy older than every batch): no new
+        # message will ever make a batch run, yet the lake is ahead of the checkpoint, and that alone asks for one.
+        shutil.rmtree(home / "checkpoints")
+        assert isinstance(evaluate(windows, instance, lake, None), dg.SkipReason)
+        [request] = evaluate(micro_batch, instance, lake, None, pubsub).run_requests
+        assert request.tags["onceflow/why"] == "the lake is ahead of the checkpoint: realign it"
+
+        source = open_source(pipeline, lake, lambda: client)
+        assert run_micro_batch(lambda: spark, source) is None  # nothing new: it realigns, records the watermark
+        after = source.checkpoints.load()
+        # What the lost checkpoint knew comes back from the commits: the batches and the event-time range.
+        assert after.committed_batch == before.committed_batch == 3
+        assert (after.min_event_time_ms, after.max_event_time_ms) == (before.min_event_time_ms,
+                                                                      before.max_event_time_ms)
+        assert after.recent_batches == before.recent_batches
+        assert [r.run_key for r in evaluate(windows, instance, lake, None).run_requests] == expected
+        assert isinstance(evaluate(micro_batch, instance, lake, None, pubsub), dg.SkipReason)
+    assert read_rows(source.raw_path, RAW) == expected_raw(events)

@@ -49,8 +49,11 @@ def pipeline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Pipeline:
     return builtin("events")
 
 
-def evaluate(sensor: dg.SensorDefinition, instance: dg.DagsterInstance, lake: LakeResource, cursor: str | None):
-    resources = {"lake": lake, "pubsub": PubSubResource(project="unused")}
+def evaluate(
+    sensor: dg.SensorDefinition, instance: dg.DagsterInstance, lake: LakeResource, cursor: str | None,
+    pubsub: PubSubResource | None = None,
+):
+    resources = {"lake": lake, "pubsub": pubsub or PubSubResource(project="unused")}
     context = dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources)
     return sensor(context)
 
