@@ -16,7 +16,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
@@ -56,7 +56,8 @@ def create_table_once(spark: SparkSession, path: str, definition: str) -> None:
     except TableNotFoundError:
         pass
     try:
-        spark.sql(f"CREATE TABLE IF NOT EXISTS delta.`{path}` {definition}")
+        with _lock:  # it may run in the background: never while a `delta_transaction` has its settings set
+            spark.sql(f"CREATE TABLE IF NOT EXISTS delta.`{path}` {definition}")
     except Exception:
         # The winner of the race may still be writing its first commit when this CREATE fails: give it a moment.
         for _ in range(CREATE_RACE_CHECKS):
@@ -116,20 +117,28 @@ def delta_transaction(spark: SparkSession, app_id: str, version: int, metadata: 
                 spark.conf.unset(key)
 
 
-def begin_append(spark: SparkSession, path: str) -> Future | None:
-    """Start, in the background, the Delta transaction whose writer `append_once` will use on the table at `path`
-    (None over Spark Connect, where Delta's `txnAppId` append does it all).
+def begin_append(spark: SparkSession, path: str, prepare: Callable[[], None] | None = None) -> Future | None:
+    """Run `prepare` if given (it makes sure the tables exist), then start the Delta transaction whose writer
+    `append_once` will use on the table at `path`, both in the background; None over Spark Connect, where
+    nothing runs (the caller prepares, and Delta's `txnAppId` append does it all).
 
-    Starting one brings Spark's view of the table up to date, which after a commit by delta-rs is a Spark job of
-    its own; begun while a batch is read and validated, it overlaps that work. The transaction only lends its
-    writer the table's definition (schema, constraints, settings): the commit is delta-rs's, and `append_once`
-    refuses it if the table was redefined since the transaction began.
+    Starting a transaction brings Spark's view of the table up to date, which after a commit by delta-rs is a
+    Spark job of its own, and a first batch creates its tables: begun while the batch is read and validated, both
+    overlap that work. The transaction only lends its writer the table's definition (schema, constraints,
+    settings): the commit is delta-rs's, and `append_once` refuses it if the table was redefined since the
+    transaction began.
     """
     session = getattr(spark, "_jsparkSession", None)
     if session is None:
         return None
     delta_log = spark._jvm.org.apache.spark.sql.delta.DeltaLog  # type: ignore[union-attr]
-    return _starter.submit(lambda: delta_log.forTable(session, path).startTransaction())
+
+    def begin() -> Any:
+        if prepare is not None:
+            prepare()
+        return delta_log.forTable(session, path).startTransaction()
+
+    return _starter.submit(begin)
 
 
 def append_once(

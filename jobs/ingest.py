@@ -97,7 +97,10 @@ def ensure_tables(spark: SparkSession, source: SourceRuntime) -> None:
 
 def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, landed: DataFrame) -> IngestResult:
     """Commit one landed batch to the raw and dead-letter tables, exactly once (or at least once)."""
-    ensure_tables(spark, source)
+    # Made (on a first batch) and the append's transaction begun beside the batch's first Spark job.
+    begun = begin_append(spark, source.raw_path, lambda: ensure_tables(spark, source))
+    if begun is None:
+        ensure_tables(spark, source)
     pipeline = source.pipeline
     result = IngestResult(batch_id=plan.batch_id, landed=source.reader.landed_count(plan))
     ingested_at = F.timestamp_millis("_ingested_ms").alias("ingested_at")
@@ -115,12 +118,13 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
         .drop("data", "attributes")
         .cache()
     )
-    begun = begin_append(spark, source.raw_path)  # it runs beside the batch's first Spark job
     try:
         # One Spark action reads, validates and caches the batch; what the counts need comes back in a few columns.
         slim = classified.select(
             "reason", "record_id", "ordinal", F.unix_millis("event_time").alias("t"), "time_bucket"
         ).toArrow()
+        if begun is not None:
+            begun.result()  # the tables exist from here on
         _summarize(slim, result)
         if result.min_event_time_ms is not None:  # and its event times, for the watermark and the windows
             metadata[EVENT_TIMES_KEY] = [result.min_event_time_ms, result.max_event_time_ms]
