@@ -118,8 +118,8 @@ def committed_metadatas(source: SourceRuntime, batches: range) -> dict[int, dict
 def plan_of(source: SourceRuntime, batch: int) -> BatchPlan | None:
     """A committed batch's plan: from the checkpoints, else as its commit carried it (what is left when the
     checkpoints were restored from an old copy); None when neither holds it."""
-    return source.checkpoints.get_plan(batch) or _plan_in(committed_metadatas(source, range(batch, batch + 1)).get(
-        batch, {}))
+    plan = source.checkpoints.get_plan(batch)
+    return plan or _plan_in(committed_metadatas(source, range(batch, batch + 1)).get(batch, {}))
 
 
 def _plan_in(metadata: dict) -> BatchPlan | None:
