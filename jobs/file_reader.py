@@ -13,7 +13,7 @@ import re
 import time
 from urllib.parse import unquote, urlparse
 
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from jobs.declaration import FileSource, Pipeline
@@ -33,8 +33,8 @@ class UnlistedFileError(RuntimeError):
 
 
 def _file_lines(spark: SparkSession, paths: list[str]) -> DataFrame:
-    """Every line of the files at `paths` in one scan, with the index of its file in `paths` (`file`), the start
-    of the file split it was read from (`block`) and an ID increasing in read order (`seq`)."""
+    """Every line of the files at `paths` in one scan, in read order, with the index of its file in `paths`
+    (`file`) and the start of the file split it was read from (`block`)."""
     # lineSep "\n" keeps a CR in the line (so byte offsets add up); the text source keeps the bytes undecoded.
     lines = spark.read.option("lineSep", "\n").text(paths)
     # Spark names a line's file by a URI of its own spelling (some characters escaped): the one it listed, where
@@ -51,8 +51,16 @@ def _file_lines(spark: SparkSession, paths: list[str]) -> DataFrame:
         F.when(position > 0, position - 1).otherwise(F.raise_error(F.lit("a line of a file not in the batch")))
         .cast("int").alias("file"),
         F.col("_metadata.file_block_start").alias("block"),
-        F.monotonically_increasing_id().alias("seq"),
     )
+
+
+def _line_offsets(paths: list[str]) -> Column:
+    """The byte offset in its file (as a string) of each line of `_file_lines(spark, paths)`: summed as the lines
+    are read, by `io.onceflow.LineOffsets` (`jobs/jvm/`), which every onceflow Spark session and engine loads."""
+    # Spark interprets `reflect`'s arguments line by line: the path is built only where it is needed.
+    path = F.when(F.col("block") > 0, F.element_at(F.array(*(F.lit(path) for path in paths)), F.col("file") + 1))
+    size = (F.octet_length("value") + 1).cast("int")
+    return F.reflect(F.lit("io.onceflow.LineOffsets"), F.lit("offset"), F.col("file"), F.col("block"), size, path)
 
 
 class FileReader:
@@ -90,16 +98,15 @@ class FileReader:
     def landed(self, spark: SparkSession, plan: BatchPlan) -> DataFrame:
         # The driver reads each file once a batch: to check that it is the file planned, and to count its records.
         self._counts = {entry: self.directory.count(entry) for entry in plan.files}
-        lines = _file_lines(spark, [self.directory.path_of(entry) for entry in plan.files])
-        in_file = Window.partitionBy("file").orderBy("block", "seq").rowsBetween(Window.unboundedPreceding, -1)
-        offset = F.coalesce(F.sum(F.octet_length("value") + 1).over(in_file), F.lit(0))
+        paths = [self.directory.path_of(entry) for entry in plan.files]
+        lines = _file_lines(spark, paths)
         relative = F.element_at(F.array(*(F.lit(e.path) for e in plan.files)), F.col("file") + 1)
         return (
-            lines.withColumn("offset", offset)
+            lines.withColumn("offset", _line_offsets(paths))
             .filter(~F.col("value").rlike(r"^[ \t\r\x0B\f]*$"))
             .select(
-                (F.col("file").cast("bigint") * FILE_STRIDE + F.col("offset")).alias("ordinal"),
-                F.concat(relative, F.lit(":"), F.col("offset").cast("string")).alias("source_position"),
+                (F.col("file").cast("bigint") * FILE_STRIDE + F.col("offset").cast("bigint")).alias("ordinal"),
+                F.concat(relative, F.lit(":"), F.col("offset")).alias("source_position"),
                 F.lit(None).cast("timestamp").alias("publish_time"),
                 F.lit(None).cast("map<string,string>").alias("attributes"),
                 # Only a line that ends in CR is trimmed: trimming scans the whole line.

@@ -16,6 +16,7 @@ from orchestration.status import add_commands as add_status_commands
 from resources.delta_jars import ensure_delta_jars
 from resources.processes import stop_process_group
 from resources.settings import load_settings
+from resources.spark_functions import ensure_spark_functions_jar
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,6 +24,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 def cmd_setup(_: argparse.Namespace) -> int:
     for jar in ensure_delta_jars():
         print(f"delta jar: {jar}")
+    print(f"onceflow's Spark functions: {ensure_spark_functions_jar()}")
     return 0
 
 

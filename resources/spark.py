@@ -5,11 +5,14 @@ Every session gets Delta's SQL extension and catalog, UTC as its time zone and s
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import dagster as dg
 from pydantic import Field
 from pyspark.sql import SparkSession
 
 from resources.delta_jars import ensure_delta_jars
+from resources.spark_functions import ensure_spark_functions_jar
 
 # Delta reconstructs table state with this many tasks; its default of 50 costs seconds per command on 2 cores.
 SMALL_MACHINE_CONF = {
@@ -38,6 +41,11 @@ DELTA_CONF = {
 }
 
 
+def engine_jars() -> list[Path]:
+    """The jars every onceflow Spark engine loads: Delta's and onceflow's own functions (cached after set-up)."""
+    return [*ensure_delta_jars(), ensure_spark_functions_jar()]
+
+
 def build_spark_session(
     master: str = "local[2]",
     remote: str | None = None,
@@ -49,7 +57,7 @@ def build_spark_session(
 
     With `remote` (`sc://host:port`) the session is a Spark Connect client of a server that already has Delta
     configured; otherwise a classic session on `master` (`local[N]` or `spark://host:port`) is built with the cached
-    Delta jars.
+    Delta jars and onceflow's own Spark functions (`resources.spark_functions`).
     """
     if remote:
         session = SparkSession.builder.remote(remote).getOrCreate()
@@ -65,7 +73,7 @@ def build_spark_session(
         **SMALL_MACHINE_CONF,
         **PARQUET_CONF,
         **DELTA_CONF,
-        "spark.jars": ",".join(str(jar) for jar in ensure_delta_jars()),
+        "spark.jars": ",".join(map(str, engine_jars())),
         "spark.ui.enabled": str(ui_enabled).lower(),
         **(conf or {}),
     }

@@ -18,10 +18,9 @@ from pathlib import Path
 
 import pyspark
 
-from resources.delta_jars import ensure_delta_jars
 from resources.processes import stop_process_group
 from resources.pubsub_emulator import free_port
-from resources.spark import DELTA_CONF, PARQUET_CONF, SMALL_MACHINE_CONF
+from resources.spark import DELTA_CONF, PARQUET_CONF, SMALL_MACHINE_CONF, engine_jars
 
 
 @dataclass
@@ -59,7 +58,7 @@ def start_spark_connect_server(
         "--name", "onceflow-spark-connect",
         "--master", master,
         "--driver-memory", driver_memory,
-        "--jars", ",".join(str(jar) for jar in ensure_delta_jars()),
+        "--jars", ",".join(map(str, engine_jars())),
     ]
     for key, value in conf.items():
         command += ["--conf", f"{key}={value}"]

@@ -16,6 +16,7 @@ from pyspark.sql import SparkSession
 
 from jobs.declaration import Pipeline
 from jobs.delta_txn import committed_batch
+from jobs.file_reader import _file_lines
 from jobs.micro_batch import run_micro_batch
 from jobs.source_reader import SourceRuntime, open_source
 from orchestration.workload import Event, expected_raw, make_events
@@ -196,3 +197,29 @@ def test_a_warm_run_takes_each_new_batch_as_its_own_materialization(incoming: Pa
     assert [(m["batch_id"], m["inserted"]) for m in metadata] == [(1, 50), (2, 50)]
     assert metadata[0]["requested_at_ms"] == int(record.create_timestamp.timestamp() * 1000)
     assert metadata[0]["committed_at_ms"] <= metadata[1]["requested_at_ms"] < metadata[1]["committed_at_ms"]
+
+
+@pytest.mark.parametrize("split_bytes", [64, 1000])
+def test_positions_are_exact_where_spark_splits_a_file(
+    spark: SparkSession, incoming: Path, home: Path, split_bytes: int
+) -> None:
+    # Splits of 64 bytes: one starts exactly at a line (64), one exactly at a "\n" (128, an empty line).
+    lines = [b"x" * 63, b"y" * 63, b"", b"  \t", *(json.dumps({"v": "z" * (i % 90)}).encode() for i in range(300))]
+    (incoming / "a.jsonl").write_bytes(b"\n".join(lines))  # the last line has no "\n"
+    (incoming / "b.jsonl").write_bytes(b"".join(line + b"\r\n" for line in lines[4:40]))
+    (incoming / "empty.jsonl").write_bytes(b"")
+    (incoming / "blank.jsonl").write_bytes(b"\n \n\r\n")
+    source = source_for(builtin("events"), home)
+    reader = source.reader
+    plan = dataclasses.replace(plan_next(source), files=tuple(reader.directory.discover(set(), 10, 2**62)))
+    spark.conf.set("spark.sql.files.maxPartitionBytes", str(split_bytes))
+    try:
+        split_starts = _file_lines(spark, [reader.directory.path_of(e) for e in plan.files]).filter("block > 0")
+        assert split_starts.select("block").distinct().count() > 4
+        landed = [(r.source_position, bytes(r.data)) for r in reader.landed(spark, plan).collect()]
+    finally:
+        spark.conf.unset("spark.sql.files.maxPartitionBytes")
+
+    # The driver's own reading of the same bytes (resources.files) is the reference.
+    assert sorted(landed) == sorted((row.position, row.data) for row in reader.landed_rows(plan))
+    assert len(landed) == 302 + 36

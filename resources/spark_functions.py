@@ -1,0 +1,70 @@
+"""onceflow's own Spark functions (the Java sources in `jobs/jvm/`), compiled into a jar once per machine.
+
+The jar is cached beside the Delta jars, named by a hash of its sources and of the Spark it is compiled against, so
+a changed source or a new Spark builds a new jar and a checkout never runs another checkout's classes. It is
+built with the JDK's `javac` (`JAVA_HOME`, else the `PATH`) against the jars of the installed PySpark, then moved
+into place atomically: processes that build it at the same time each produce the same file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import zipfile
+from pathlib import Path
+
+import pyspark
+
+from resources.delta_jars import jar_cache_dir
+
+SOURCES = Path(__file__).resolve().parent.parent / "jobs" / "jvm"
+
+
+class JavaCompilerMissingError(RuntimeError):
+    """No `javac` to build onceflow's Spark functions with: a JDK (not only a JRE) of Java 17 or later is needed."""
+
+
+def ensure_spark_functions_jar(cache_dir: Path | None = None) -> Path:
+    """Return the path of the jar of onceflow's Spark functions, building it first if it is not cached."""
+    sources = sorted(SOURCES.glob("*.java"))
+    digest = hashlib.sha256(pyspark.__version__.encode())
+    for source in sources:
+        digest.update(source.name.encode() + b"\0" + source.read_bytes())
+    jar = (cache_dir or jar_cache_dir()) / "onceflow" / f"onceflow-functions-{digest.hexdigest()[:16]}.jar"
+    if not jar.exists():
+        _build(sources, jar)
+    return jar
+
+
+def _javac() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    candidates = [str(Path(java_home) / "bin" / "javac")] if java_home else []
+    for candidate in [*candidates, shutil.which("javac")]:
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    raise JavaCompilerMissingError(
+        "onceflow compiles its Spark functions with `javac`, found neither in JAVA_HOME nor on the PATH: "
+        "install a JDK 17 (Debian: openjdk-17-jdk-headless)"
+    )
+
+
+def _build(sources: list[Path], jar: Path) -> None:
+    jar.parent.mkdir(parents=True, exist_ok=True)
+    spark_jars = Path(pyspark.__file__).parent / "jars"
+    with tempfile.TemporaryDirectory(dir=jar.parent) as work:
+        classes = Path(work) / "classes"
+        result = subprocess.run(
+            [_javac(), "--release", "17", "-nowarn", "-cp", f"{spark_jars}/*", "-d", str(classes),
+             *map(str, sources)],
+            capture_output=True, text=True, check=False,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"javac failed on {[s.name for s in sources]}:\n{result.stderr[-3000:]}")
+        built = Path(work) / jar.name
+        with zipfile.ZipFile(built, "w", zipfile.ZIP_DEFLATED) as archive:
+            for path in sorted(classes.rglob("*.class")):
+                archive.write(path, path.relative_to(classes).as_posix())
+        os.replace(built, jar)
