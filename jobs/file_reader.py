@@ -33,8 +33,8 @@ class UnlistedFileError(RuntimeError):
 
 
 def _file_lines(spark: SparkSession, paths: list[str]) -> DataFrame:
-    """Every line of the files at `paths` in one scan, in read order, with the index of its file in `paths`
-    (`file`) and the start of the file split it was read from (`block`)."""
+    """Every line of the files at `paths` in one scan, with the index of its file in `paths` (`file`) and its byte
+    offset in that file (`offset`, as a string)."""
     # lineSep "\n" keeps a CR in the line (so byte offsets add up); the text source keeps the bytes undecoded.
     lines = spark.read.option("lineSep", "\n").text(paths)
     # Spark names a line's file by a URI of its own spelling (some characters escaped): the one it listed, where
@@ -46,22 +46,25 @@ def _file_lines(spark: SparkSession, paths: list[str]) -> DataFrame:
         missing = [path for path, uri in zip(paths, uris, strict=True) if uri is None]
         raise UnlistedFileError(f"Spark's listing of the batch's files does not name {missing}")
     position = F.array_position(F.array(*(F.lit(uri) for uri in uris)), F.col("_metadata.file_path"))
-    return lines.select(
+    located = lines.select(
         "value",
         F.when(position > 0, position - 1).otherwise(F.raise_error(F.lit("a line of a file not in the batch")))
         .cast("int").alias("file"),
         F.col("_metadata.file_block_start").alias("block"),
     )
+    # Two projections: `reflect` evaluates its arguments without generated code, so they are columns made before.
+    return located.select("value", "file", _line_offsets(paths).alias("offset"))
 
 
 def _line_offsets(paths: list[str]) -> Column:
-    """The byte offset in its file (as a string) of each line of `_file_lines(spark, paths)`: summed as the lines
-    are read, by `io.onceflow.LineOffsets` (`jobs/jvm/`), which every onceflow Spark session and engine loads."""
-    # Spark interprets `reflect`'s arguments line by line: the path is built only where it is needed.
-    path = F.when(F.col("block") > 0, F.element_at(F.array(*(F.lit(path) for path in paths)), F.col("file") + 1))
+    """The byte offset in its file (as a string) of each line of a text scan of `paths` (columns `value`, `file`
+    and `block`, the start of the line's file split): summed as the lines are read, by `io.onceflow.LineOffsets`
+    (`jobs/jvm/`), which every onceflow Spark session and engine loads."""
+    file, block = F.col("file"), F.col("block")
+    # The path is needed (and made) only where a split starts inside a file.
+    path = F.when(block > 0, F.element_at(F.array(*(F.lit(path) for path in paths)), file + 1))
     size = (F.octet_length("value") + 1).cast("int")
-    return F.reflect(F.lit("io.onceflow.LineOffsets"), F.lit("offset"), F.col("file"), F.col("block"), size, path)
-
+    return F.reflect(F.lit("io.onceflow.LineOffsets"), F.lit("offset"), file, block, size, path)
 
 class FileReader:
     """See the module docstring; `pipeline.source` is a settings-resolved `FileSource`."""
@@ -102,8 +105,7 @@ class FileReader:
         lines = _file_lines(spark, paths)
         relative = F.element_at(F.array(*(F.lit(e.path) for e in plan.files)), F.col("file") + 1)
         return (
-            lines.withColumn("offset", _line_offsets(paths))
-            .filter(~F.col("value").rlike(r"^[ \t\r\x0B\f]*$"))
+            lines.filter(~F.col("value").rlike(r"^[ \t\r\x0B\f]*$"))
             .select(
                 (F.col("file").cast("bigint") * FILE_STRIDE + F.col("offset").cast("bigint")).alias("ordinal"),
                 F.concat(relative, F.lit(":"), F.col("offset")).alias("source_position"),

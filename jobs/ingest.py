@@ -45,7 +45,7 @@ from jobs.first_records import first_ids, first_per_id, without_ordinals
 from jobs.id_filters import IdFilterStore, committed_among, id_hashes
 from jobs.ingest_result import IngestResult
 from jobs.log_ids import remember_commit_ids
-from jobs.schema import field_ddl
+from jobs.schema import field_ddl, top_level
 from jobs.source_reader import SourceRuntime
 from jobs.validation import RecordContract, classify
 from resources.checkpoint import BatchPlan
@@ -107,17 +107,14 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
     # The plan travels in the commit: a checkpoint restored from an old copy loses plans, the lake keeps them.
     metadata = {"onceflow_source": source.app_id, "onceflow_batch": plan.batch_id, PLAN_KEY: plan.to_dict()}
     contract = RecordContract.of(pipeline)
-    classified = (
-        classify(landed, contract, plan.planned_at_ms, plan.horizon_floor_ms, batch_id=plan.batch_id,
-                 _ingested_ms=plan.planned_at_ms)
-        .withColumns({
-            "time_bucket": F.expr(bucket_of("event_time")),
-            # The record's bytes are kept only where a dead letter needs them (text that is not UTF-8): half the cache.
-            "raw": F.when(F.col("reason").isNotNull(), F.coalesce(F.col("payload"), F.base64("data"))),
-        })
-        .drop("data", "attributes")
-        .cache()
-    )
+    checked = classify(landed, contract, plan.planned_at_ms, plan.horizon_floor_ms, batch_id=plan.batch_id,
+                       _ingested_ms=plan.planned_at_ms)
+    classified = checked.select(
+        *(top_level(name) for name in checked.columns if name not in ("data", "attributes")),
+        F.expr(bucket_of("event_time")).alias("time_bucket"),
+        # The record's bytes are kept only where a dead letter needs them (text that is not UTF-8): half the cache.
+        F.when(F.col("reason").isNotNull(), F.coalesce(F.col("payload"), F.base64("data"))).alias("raw"),
+    ).cache()
     try:
         # One Spark action reads, validates and caches the batch; what the counts need comes back in a few columns.
         slim = classified.select(

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+from pyspark.sql import Column
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 _TOKEN = re.compile(r"\s*(`[^`]+`|[A-Za-z_][A-Za-z0-9_]*|[0-9]+|'(?:[^'\\]|\\.)*'|[(),<>:])")
@@ -165,6 +167,11 @@ class _Parser:
         if not token.isdigit():
             raise SchemaError(f"expected a number in {where}, found {token!r}")
         return int(token)
+
+
+def top_level(name: str) -> Column:
+    """The top-level column `name`, however it is spelled (a field name may hold dots or spaces, never "`")."""
+    return F.col(f"`{name}`")
 
 
 def field_ddl(field: T.StructField) -> str:

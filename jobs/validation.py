@@ -27,7 +27,7 @@ from pyspark.sql import types as T
 
 from jobs.batch_values import with_batch_values
 from jobs.declaration import FileSource, Pipeline
-from jobs.schema import INTEGRAL
+from jobs.schema import INTEGRAL, top_level
 
 _BATCH_COLUMNS = ("_batch_time_ms", "_latest_ms", "_floor_ms", "_batch_time", "_latest", "_floor")
 NUMERIC_VARIANT = ("TINYINT", "SMALLINT", "INT", "BIGINT", "FLOAT", "DOUBLE")
@@ -153,8 +153,11 @@ def classify(
     # Spark Connect's columns and a classic session's are different objects: each kind is built once.
     for stage in _stages(contract, horizon_floor_ms is not None, connect=not hasattr(landed, "_jdf")):
         df = df.withColumns(stage)
-    per_field = [name(index) for index in range(len(contract.schema)) for name in (_kind_column, _json_column)]
-    return df.drop("v", "_top", "_bytes", "_time_raw", "_verdict", *_BATCH_COLUMNS, *per_field)
+    per_field = {name(index) for index in range(len(contract.schema)) for name in (_kind_column, _json_column)}
+    internal = {"v", "_top", "_bytes", "_time_raw", "_verdict", *_BATCH_COLUMNS, *per_field}
+    # Naming the verdict's parts and dropping the internal columns is one projection (each costs an analysis).
+    kept = [top_level(name) for name in df.columns if name not in internal]
+    return df.select(*kept, F.col("_verdict.reason").alias("reason"), F.col("_verdict.detail").alias("detail"))
 
 
 @functools.cache
@@ -231,7 +234,6 @@ def _stages(contract: RecordContract, with_floor: bool, connect: bool) -> tuple[
         parsed,
         {"event_time": F.when(F.col("_time_raw").isNull(), fallback).otherwise(parse_time(F.col("_time_raw")))},
         {"_verdict": verdict},
-        {"reason": F.col("_verdict.reason"), "detail": F.col("_verdict.detail")},
     )
 
 

@@ -16,7 +16,6 @@ from pyspark.sql import SparkSession
 
 from jobs.declaration import Pipeline
 from jobs.delta_txn import committed_batch
-from jobs.file_reader import _file_lines
 from jobs.micro_batch import run_micro_batch
 from jobs.source_reader import SourceRuntime, open_source
 from orchestration.workload import Event, expected_raw, make_events
@@ -214,8 +213,8 @@ def test_positions_are_exact_where_spark_splits_a_file(
     plan = dataclasses.replace(plan_next(source), files=tuple(reader.directory.discover(set(), 10, 2**62)))
     spark.conf.set("spark.sql.files.maxPartitionBytes", str(split_bytes))
     try:
-        split_starts = _file_lines(spark, [reader.directory.path_of(e) for e in plan.files]).filter("block > 0")
-        assert split_starts.select("block").distinct().count() > 4
+        scan = spark.read.text([reader.directory.path_of(e) for e in plan.files])
+        assert scan.select("_metadata.file_block_start").distinct().filter("file_block_start > 0").count() > 4
         landed = [(r.source_position, bytes(r.data)) for r in reader.landed(spark, plan).collect()]
     finally:
         spark.conf.unset("spark.sql.files.maxPartitionBytes")
