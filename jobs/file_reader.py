@@ -13,13 +13,13 @@ import re
 import time
 from urllib.parse import unquote, urlparse
 
-from pyspark.sql import Column, DataFrame, SparkSession
-from pyspark.sql import functions as F
+from pyspark.sql import DataFrame, SparkSession
 
 from jobs.declaration import FileSource, Pipeline
 from jobs.durations import parse_duration
 from jobs.landed_ids import LandedRow
 from jobs.landing import BatchOutcome
+from jobs.schema import sql_string
 from jobs.watermark import FileWatermark, WatermarkEstimator
 from resources.checkpoint import BatchPlan, CheckpointStore, FileEntry, SourceCheckpoint
 from resources.files import JsonLinesDirectory
@@ -45,26 +45,25 @@ def _file_lines(spark: SparkSession, paths: list[str]) -> DataFrame:
     if None in uris:
         missing = [path for path, uri in zip(paths, uris, strict=True) if uri is None]
         raise UnlistedFileError(f"Spark's listing of the batch's files does not name {missing}")
-    position = F.array_position(F.array(*(F.lit(uri) for uri in uris)), F.col("_metadata.file_path"))
-    located = lines.select(
+    position = f"array_position(array({', '.join(map(sql_string, uris))}), _metadata.file_path)"
+    located = lines.selectExpr(
         "value",
-        F.when(position > 0, position - 1).otherwise(F.raise_error(F.lit("a line of a file not in the batch")))
-        .cast("int").alias("file"),
-        F.col("_metadata.file_block_start").alias("block"),
+        f"CAST(CASE WHEN {position} > 0 THEN {position} - 1 ELSE raise_error('a line of a file not in the batch') END"
+        " AS INT) AS file",
+        "_metadata.file_block_start AS block",
     )
     # Two projections: `reflect` evaluates its arguments without generated code, so they are columns made before.
-    return located.select("value", "file", _line_offsets(paths).alias("offset"))
+    return located.selectExpr("value", "file", f"{_line_offsets(paths)} AS offset")
 
 
-def _line_offsets(paths: list[str]) -> Column:
-    """The byte offset in its file (as a string) of each line of a text scan of `paths` (columns `value`, `file`
-    and `block`, the start of the line's file split): summed as the lines are read, by `io.onceflow.LineOffsets`
-    (`jobs/jvm/`), which every onceflow Spark session and engine loads."""
-    file, block = F.col("file"), F.col("block")
+def _line_offsets(paths: list[str]) -> str:
+    """SQL for the byte offset in its file (as a string) of each line of a text scan of `paths` (columns `value`,
+    `file` and `block`, the start of the line's file split): summed as the lines are read, by
+    `io.onceflow.LineOffsets` (`jobs/jvm/`), which every onceflow Spark session and engine loads."""
     # The path is needed (and made) only where a split starts inside a file.
-    path = F.when(block > 0, F.element_at(F.array(*(F.lit(path) for path in paths)), file + 1))
-    size = (F.octet_length("value") + 1).cast("int")
-    return F.reflect(F.lit("io.onceflow.LineOffsets"), F.lit("offset"), file, block, size, path)
+    path = f"CASE WHEN block > 0 THEN element_at(array({', '.join(map(sql_string, paths))}), file + 1) END"
+    return f"reflect('io.onceflow.LineOffsets', 'offset', file, block, CAST(octet_length(value) + 1 AS INT), {path})"
+
 
 class FileReader:
     """See the module docstring; `pipeline.source` is a settings-resolved `FileSource`."""
@@ -103,18 +102,16 @@ class FileReader:
         self._counts = {entry: self.directory.count(entry) for entry in plan.files}
         paths = [self.directory.path_of(entry) for entry in plan.files]
         lines = _file_lines(spark, paths)
-        relative = F.element_at(F.array(*(F.lit(e.path) for e in plan.files)), F.col("file") + 1)
-        return (
-            lines.filter(~F.col("value").rlike(r"^[ \t\r\x0B\f]*$"))
-            .select(
-                (F.col("file").cast("bigint") * FILE_STRIDE + F.col("offset").cast("bigint")).alias("ordinal"),
-                F.concat(relative, F.lit(":"), F.col("offset")).alias("source_position"),
-                F.lit(None).cast("timestamp").alias("publish_time"),
-                F.lit(None).cast("map<string,string>").alias("attributes"),
-                # Only a line that ends in CR is trimmed: trimming scans the whole line.
-                F.when(F.col("value").endswith("\r"), F.expr("trim(TRAILING chr(13) FROM value)"))
-                .otherwise(F.col("value")).cast("binary").alias("data"),
-            )
+        relative = f"element_at(array({', '.join(sql_string(entry.path) for entry in plan.files)}), file + 1)"
+        # SQL text: each column built in Python costs round trips to the JVM.
+        return lines.filter(r"NOT value RLIKE '^[ \\t\\r\\x0B\\f]*$'").selectExpr(
+            f"CAST(file AS BIGINT) * {FILE_STRIDE} + CAST(offset AS BIGINT) AS ordinal",
+            f"concat({relative}, ':', offset) AS source_position",
+            "CAST(NULL AS TIMESTAMP) AS publish_time",
+            "CAST(NULL AS MAP<STRING, STRING>) AS attributes",
+            # Only a line that ends in CR is trimmed: trimming scans the whole line.
+            "CAST(CASE WHEN endswith(value, chr(13)) THEN trim(TRAILING chr(13) FROM value) ELSE value END AS BINARY)"
+            " AS data",
         )
 
     def landed_count(self, plan: BatchPlan) -> int:

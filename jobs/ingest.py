@@ -25,7 +25,6 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from jobs.declaration import Pipeline
@@ -45,7 +44,7 @@ from jobs.first_records import first_ids, first_per_id, without_ordinals
 from jobs.id_filters import IdFilterStore, committed_among, id_hashes
 from jobs.ingest_result import IngestResult
 from jobs.log_ids import remember_commit_ids
-from jobs.schema import field_ddl, top_level
+from jobs.schema import field_ddl, quoted
 from jobs.source_reader import SourceRuntime
 from jobs.validation import RecordContract, classify
 from resources.checkpoint import BatchPlan
@@ -103,22 +102,23 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
         ensure_tables(spark, source)
     pipeline = source.pipeline
     result = IngestResult(batch_id=plan.batch_id, landed=source.reader.landed_count(plan))
-    ingested_at = F.timestamp_millis("_ingested_ms").alias("ingested_at")
+    ingested_at = "timestamp_millis(_ingested_ms) AS ingested_at"
     # The plan travels in the commit: a checkpoint restored from an old copy loses plans, the lake keeps them.
     metadata = {"onceflow_source": source.app_id, "onceflow_batch": plan.batch_id, PLAN_KEY: plan.to_dict()}
     contract = RecordContract.of(pipeline)
     checked = classify(landed, contract, plan.planned_at_ms, plan.horizon_floor_ms, batch_id=plan.batch_id,
                        _ingested_ms=plan.planned_at_ms)
-    classified = checked.select(
-        *(top_level(name) for name in checked.columns if name not in ("data", "attributes")),
-        F.expr(bucket_of("event_time")).alias("time_bucket"),
+    # Projections are SQL text: each column built in Python costs round trips to the JVM.
+    classified = checked.selectExpr(
+        *(quoted(name) for name in checked.columns if name not in ("data", "attributes")),
+        f"{bucket_of('event_time')} AS time_bucket",
         # The record's bytes are kept only where a dead letter needs them (text that is not UTF-8): half the cache.
-        F.when(F.col("reason").isNotNull(), F.coalesce(F.col("payload"), F.base64("data"))).alias("raw"),
+        "CASE WHEN reason IS NOT NULL THEN coalesce(payload, base64(data)) END AS raw",
     ).cache()
     try:
         # One Spark action reads, validates and caches the batch; what the counts need comes back in a few columns.
-        slim = classified.select(
-            "reason", "record_id", "ordinal", F.unix_millis("event_time").alias("t"), "time_bucket"
+        slim = classified.selectExpr(
+            "reason", "record_id", "ordinal", "unix_millis(event_time) AS t", "time_bucket"
         ).toArrow()
         if begun is not None:
             begun.result()  # the tables exist from here on
@@ -126,14 +126,14 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
         if result.min_event_time_ms is not None:  # and its event times, for the watermark and the windows
             metadata[EVENT_TIMES_KEY] = [result.min_event_time_ms, result.max_event_time_ms]
         if result.dead_lettered:
-            dead = classified.filter(F.col("reason").isNotNull()).select(
+            dead = classified.filter("reason IS NOT NULL").selectExpr(
                 "source_position", "raw", "reason", "detail",
                 "record_id", "event_time", "batch_id", ingested_at, "ordinal",
             )
             written = _merge_once(spark, source, plan, first_per_id(dead), source.dead_letter_path, "", metadata)
             result.dead_lettered_new = written.inserted
-        valid = classified.filter(F.col("reason").isNull()).select(
-            "record_id", "event_time", *(f.name for f in contract.schema), "payload", "source_position",
+        valid = classified.filter("reason IS NULL").selectExpr(
+            "record_id", "event_time", *(quoted(f.name) for f in contract.schema), "payload", "source_position",
             "publish_time", "batch_id", ingested_at, "time_bucket", "ordinal",
         )
         valid_count = result.received - result.dead_lettered_total

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import re
 
-from pyspark.sql import Column
-from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 _TOKEN = re.compile(r"\s*(`[^`]+`|[A-Za-z_][A-Za-z0-9_]*|[0-9]+|'(?:[^'\\]|\\.)*'|[(),<>:])")
@@ -169,9 +167,14 @@ class _Parser:
         return int(token)
 
 
-def top_level(name: str) -> Column:
-    """The top-level column `name`, however it is spelled (a field name may hold dots or spaces, never "`")."""
-    return F.col(f"`{name}`")
+def quoted(name: str) -> str:
+    """`name` as a SQL identifier, however it is spelled (a field name may hold dots or spaces, never "`")."""
+    return f"`{name}`"
+
+
+def sql_string(text: str) -> str:
+    """`text` as a SQL string literal, whatever characters it holds (its UTF-8 bytes, in hex)."""
+    return f"CAST(X'{text.encode().hex()}' AS STRING)"
 
 
 def field_ddl(field: T.StructField) -> str:

@@ -27,7 +27,7 @@ from pyspark.sql import types as T
 
 from jobs.batch_values import with_batch_values
 from jobs.declaration import FileSource, Pipeline
-from jobs.schema import INTEGRAL, top_level
+from jobs.schema import INTEGRAL, quoted
 
 _BATCH_COLUMNS = ("_batch_time_ms", "_latest_ms", "_floor_ms", "_batch_time", "_latest", "_floor")
 NUMERIC_VARIANT = ("TINYINT", "SMALLINT", "INT", "BIGINT", "FLOAT", "DOUBLE")
@@ -155,9 +155,10 @@ def classify(
         df = df.withColumns(stage)
     per_field = {name(index) for index in range(len(contract.schema)) for name in (_kind_column, _json_column)}
     internal = {"v", "_top", "_bytes", "_time_raw", "_verdict", *_BATCH_COLUMNS, *per_field}
-    # Naming the verdict's parts and dropping the internal columns is one projection (each costs an analysis).
-    kept = [top_level(name) for name in df.columns if name not in internal]
-    return df.select(*kept, F.col("_verdict.reason").alias("reason"), F.col("_verdict.detail").alias("detail"))
+    # Naming the verdict's parts and dropping the internal columns is one projection (each costs an analysis),
+    # written as SQL text: each column built in Python costs round trips to the JVM.
+    kept = [quoted(name) for name in df.columns if name not in internal]
+    return df.selectExpr(*kept, "_verdict.reason AS reason", "_verdict.detail AS detail")
 
 
 @functools.cache
