@@ -88,7 +88,7 @@ def write_batches(directory: Path, batches: int, records: int, end_ms: int) -> i
 def bulk_load(spark: SparkSession, source: SourceRuntime, rows: int, end_ms: int) -> None:
     """Create the raw table and append `rows` synthetic rows shaped as ingest writes them (batch 0), one file per
     time bucket, event times over the `LOADED_HOURS` before `end_ms`."""
-    ensure_tables(spark, source)
+    ensure_tables(source)
     schema = spark.read.format("delta").load(source.raw_path).schema
     span_ms = LOADED_HOURS * HOUR_MS
     hashed = (

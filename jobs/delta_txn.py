@@ -21,11 +21,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
-from deltalake import DeltaTable
+from deltalake import DeltaTable, Schema
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import AddAction, CommitProperties, Transaction
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 _APP_ID = "spark.databricks.delta.write.txnAppId"
 _VERSION = "spark.databricks.delta.write.txnVersion"
@@ -44,9 +45,15 @@ def is_concurrent_commit(error: BaseException) -> bool:
     return isinstance(error, CommitFailedError) or any(marker in str(error) for marker in _CONFLICTS)
 
 
-def create_table_once(spark: SparkSession, path: str, definition: str) -> None:
-    """`CREATE TABLE IF NOT EXISTS delta.`path` <definition>`, when another writer may be creating it at the same
-    moment (two first runs): whoever loses that race finds the table made, which is all it wanted."""
+def create_table_once(
+    path: str, schema: T.StructType, properties: dict[str, str], partitioned_by: tuple[str, ...] = ()
+) -> None:
+    """Create the Delta table at `path` unless it exists, when another writer may be creating it at the same moment
+    (two first runs): whoever loses that race finds the table made, which is all it wanted.
+
+    delta-rs writes the first commit: the same table Spark's `CREATE TABLE` makes (protocol and table features
+    follow from the schema), in milliseconds instead of a Spark command's ~0.2 s.
+    """
     if path in _created and (("://" in path) or os.path.isdir(f"{path}/_delta_log")):
         return  # the common case: this process made or saw it, and it is still there
     try:
@@ -56,17 +63,18 @@ def create_table_once(spark: SparkSession, path: str, definition: str) -> None:
     except TableNotFoundError:
         pass
     try:
-        with _lock:  # it may run in the background: never while a `delta_transaction` has its settings set
-            spark.sql(f"CREATE TABLE IF NOT EXISTS delta.`{path}` {definition}")
+        DeltaTable.create(path, Schema.from_json(schema.json()), mode="error", partition_by=list(partitioned_by) or None,
+                          configuration=properties)
     except Exception:
-        # The winner of the race may still be writing its first commit when this CREATE fails: give it a moment.
+        # The winner of the race may still be writing its first commit when this create fails: give it a moment.
         for _ in range(CREATE_RACE_CHECKS):
             try:
                 DeltaTable(path)
                 return
             except TableNotFoundError:
                 time.sleep(0.5)
-        raise  # the CREATE failed, and not because someone else created the table
+        raise  # the create failed, and not because someone else created the table
+    _created.add(path)
 
 
 def committed_batch(path: str, app_id: str) -> int | None:
@@ -243,13 +251,15 @@ def committed_metrics(spark: SparkSession, path: str, metadata: dict[str, Any], 
     return dict(rows[0]["operationMetrics"])
 
 
-def table_properties(retention_s: int, stats_columns: tuple[str, ...] = ()) -> str:
-    """The TBLPROPERTIES clause of every onceflow table: old versions kept for `retention_s`, a checkpoint every 10
-    commits whichever engine commits (Spark's default; delta-rs, which commits appends, would take 100), and
-    with `stats_columns` file statistics for those columns only."""
+def table_properties(retention_s: int, stats_columns: tuple[str, ...] = ()) -> dict[str, str]:
+    """The properties of every onceflow table: old versions kept for `retention_s`, a checkpoint every 10 commits
+    whichever engine commits (Spark's default; delta-rs, which commits appends, would take 100), and with
+    `stats_columns` file statistics for those columns only."""
     hours = max(1, retention_s // 3600)
-    stats = f", 'delta.dataSkippingStatsColumns' = '{','.join(stats_columns)}'" if stats_columns else ""
-    return (
-        f"TBLPROPERTIES ('delta.logRetentionDuration' = 'interval {hours} hours', "
-        f"'delta.deletedFileRetentionDuration' = 'interval {hours} hours', 'delta.checkpointInterval' = '10'{stats})"
-    )
+    stats = {"delta.dataSkippingStatsColumns": ",".join(stats_columns)} if stats_columns else {}
+    return {
+        "delta.logRetentionDuration": f"interval {hours} hours",
+        "delta.deletedFileRetentionDuration": f"interval {hours} hours",
+        "delta.checkpointInterval": "10",
+        **stats,
+    }

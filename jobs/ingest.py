@@ -44,15 +44,15 @@ from jobs.first_records import first_ids, first_per_id, without_ordinals
 from jobs.id_filters import IdFilterStore, committed_among, id_hashes
 from jobs.ingest_result import IngestResult
 from jobs.log_ids import remember_commit_ids
-from jobs.schema import field_ddl, quoted
+from jobs.schema import parse_schema, quoted
 from jobs.source_reader import SourceRuntime
 from jobs.validation import RecordContract, classify
 from resources.checkpoint import BatchPlan
 
-DEAD_LETTER_COLUMNS = """
-    source_position STRING, raw STRING, reason STRING NOT NULL, detail STRING, record_id STRING NOT NULL,
-    event_time TIMESTAMP, batch_id BIGINT, ingested_at TIMESTAMP
-"""
+DEAD_LETTER_SCHEMA = parse_schema(
+    "source_position STRING, raw STRING, reason STRING NOT NULL, detail STRING, record_id STRING NOT NULL, "
+    "event_time TIMESTAMP, batch_id BIGINT, ingested_at TIMESTAMP"
+)
 MERGE_TRIES = 3
 PLAN_KEY = "onceflow_plan"
 EVENT_TIMES_KEY = "onceflow_event_times"
@@ -69,37 +69,33 @@ def bucket_of(column: str) -> str:
     return f"CAST(floor(unix_millis({column}) / {BUCKET_MS}) AS BIGINT)"
 
 
-def raw_columns(schema: T.StructType) -> str:
-    """The raw table's columns: `record_id`, `event_time`, the schema's fields, then onceflow's bookkeeping."""
-    fields = ", ".join(field_ddl(f) for f in schema)
-    return (
-        f"record_id STRING NOT NULL, event_time TIMESTAMP NOT NULL, {fields}, payload STRING, "
-        "source_position STRING, publish_time TIMESTAMP, batch_id BIGINT, ingested_at TIMESTAMP, "
-        "time_bucket BIGINT NOT NULL"
-    )
+def raw_schema(record_schema: T.StructType) -> T.StructType:
+    """The raw table's columns: `record_id`, `event_time`, the record schema's fields, then onceflow's bookkeeping."""
+    return T.StructType([
+        T.StructField("record_id", T.StringType(), nullable=False),
+        T.StructField("event_time", T.TimestampType(), nullable=False),
+        *record_schema.fields,
+        *parse_schema("payload STRING, source_position STRING, publish_time TIMESTAMP, batch_id BIGINT, "
+                      "ingested_at TIMESTAMP, time_bucket BIGINT NOT NULL").fields,
+    ])
 
 
-def ensure_raw_table(spark: SparkSession, raw_path: str, pipeline: Pipeline) -> None:
-    create_table_once(
-        spark, raw_path, f"({raw_columns(pipeline.record_schema)}) USING delta PARTITIONED BY (time_bucket) "
-        f"{table_properties(pipeline.retention_s, RAW_STATS_COLUMNS)}",
-    )
+def ensure_raw_table(raw_path: str, pipeline: Pipeline) -> None:
+    create_table_once(raw_path, raw_schema(pipeline.record_schema),
+                      table_properties(pipeline.retention_s, RAW_STATS_COLUMNS), partitioned_by=("time_bucket",))
 
 
-def ensure_tables(spark: SparkSession, source: SourceRuntime) -> None:
-    ensure_raw_table(spark, source.raw_path, source.pipeline)
-    create_table_once(
-        spark, source.dead_letter_path,
-        f"({DEAD_LETTER_COLUMNS}) USING delta {table_properties(source.pipeline.retention_s)}",
-    )
+def ensure_tables(source: SourceRuntime) -> None:
+    ensure_raw_table(source.raw_path, source.pipeline)
+    create_table_once(source.dead_letter_path, DEAD_LETTER_SCHEMA, table_properties(source.pipeline.retention_s))
 
 
 def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, landed: DataFrame) -> IngestResult:
     """Commit one landed batch to the raw and dead-letter tables, exactly once (or at least once)."""
     # Made (on a first batch) and the append's transaction begun beside the batch's first Spark job.
-    begun = begin_append(spark, source.raw_path, lambda: ensure_tables(spark, source))
+    begun = begin_append(spark, source.raw_path, lambda: ensure_tables(source))
     if begun is None:
-        ensure_tables(spark, source)
+        ensure_tables(source)
     pipeline = source.pipeline
     result = IngestResult(batch_id=plan.batch_id, landed=source.reader.landed_count(plan))
     ingested_at = "timestamp_millis(_ingested_ms) AS ingested_at"

@@ -54,11 +54,12 @@ def maintain(
 ) -> list[MaintenanceReport]:
     """Maintain the pipeline's tables (`{name: path}`; the raw one named `raw`); see the module docstring."""
     hours = max(1, pipeline.retention_s // 3600)
+    properties = ", ".join(f"'{key}' = '{value}'" for key, value in table_properties(pipeline.retention_s).items())
     reports = []
     for name, path in tables.items():
         if not _exists(spark, path):
             continue
-        spark.sql(f"ALTER TABLE delta.`{path}` SET {table_properties(pipeline.retention_s)}")
+        spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({properties})")
         below = None
         if name == "raw" and horizon_floor_ms is not None:
             below = horizon_floor_ms // BUCKET_MS

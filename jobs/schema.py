@@ -177,11 +177,6 @@ def sql_string(text: str) -> str:
     return f"CAST(X'{text.encode().hex()}' AS STRING)"
 
 
-def field_ddl(field: T.StructField) -> str:
-    """One column of a CREATE TABLE: `` `name` type [NOT NULL] ``."""
-    return f"`{field.name}` {field.dataType.simpleString()}{'' if field.nullable else ' NOT NULL'}"
-
-
 def bigquery_type(data_type: T.DataType) -> str:
     """The BigQuery column type that holds `data_type` exactly; `ValueError` for types without one."""
     if isinstance(data_type, T.StringType):

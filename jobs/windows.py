@@ -26,7 +26,6 @@ from jobs.delta_txn import create_table_once, is_concurrent_commit, latest_versi
 from jobs.ingest import BUCKET_MS, ensure_raw_table
 from jobs.maintenance import check_pinned_input
 from jobs.panes import EARLY, LATE, ON_TIME, CloseStore, PaneClose, Window
-from jobs.schema import field_ddl
 from resources.faults import crash_point
 
 MERGE_TRIES = 3
@@ -121,7 +120,7 @@ def materialize_windows(
     """Compute each window's current pane and MERGE them into the window table (see the module docstring)."""
     if not windows:
         return []
-    ensure_raw_table(spark, raw_path, pipeline)  # a window materialized before any data is empty
+    ensure_raw_table(raw_path, pipeline)  # a window materialized before any data is empty
     latest = latest_version(raw_path)
     lateness_ms = output.allowed_lateness_s * 1000
     existing = {w: closes.latest(w) for w in windows}
@@ -279,7 +278,7 @@ def _merge_retrying(spark: SparkSession, merge: str, asset: str, windows: list[W
 
 
 def _check_output(
-    spark: SparkSession, output: WindowedOutput, windows_path: str, result: DataFrame, retention: str
+    spark: SparkSession, output: WindowedOutput, windows_path: str, result: DataFrame, properties: dict[str, str]
 ) -> None:
     """One row per `(window, *keys)`, then the columns the window table has (created from the first result)."""
     keys = ["window_start", *output.keys]
@@ -291,8 +290,7 @@ def _check_output(
             f"{output.asset}: the transform returned {first['count']} rows for window {first['window_start']} "
             f"and key {named}; it must return one row per value of keys {list(output.keys)}"
         )
-    columns = ", ".join(field_ddl(f) for f in result.schema)
-    create_table_once(spark, windows_path, f"({columns}) USING delta {retention}")
+    create_table_once(windows_path, result.schema, properties)
     table = spark.read.format("delta").load(windows_path).schema
     found = [(f.name, f.dataType.simpleString()) for f in result.schema]
     wanted = [(f.name, f.dataType.simpleString()) for f in table]

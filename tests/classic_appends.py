@@ -24,6 +24,7 @@ from jobs.delta_txn import (
     is_concurrent_commit,
     table_properties,
 )
+from jobs.schema import parse_schema
 from resources.spark import build_spark_session
 
 
@@ -61,8 +62,8 @@ def race(spark: SparkSession, path: str, winner: tuple[DataFrame, str, int], los
 
 def main(path: str) -> dict[str, Any]:
     spark = build_spark_session()
-    create_table_once(spark, path, f"(record_id STRING NOT NULL, bucket BIGINT) USING delta PARTITIONED BY (bucket) "
-                      f"{table_properties(3600)}")
+    create_table_once(path, parse_schema("record_id STRING NOT NULL, bucket BIGINT"), table_properties(3600),
+                      partitioned_by=("bucket",))
     seen: dict[str, Any] = {
         "first": append_once(rows(spark, 0, 100), path, "a", 1, {"onceflow_source": "a", "onceflow_batch": 1}),
         "replay": append_once(rows(spark, 0, 100), path, "a", 1, {"onceflow_source": "a", "onceflow_batch": 1}),
