@@ -19,7 +19,7 @@ from jobs.declaration import FileSource, Pipeline
 from jobs.durations import parse_duration
 from jobs.landed_ids import LandedRow
 from jobs.landing import BatchOutcome
-from jobs.schema import sql_string
+from jobs.schema import sql_strings
 from jobs.watermark import FileWatermark, WatermarkEstimator
 from resources.checkpoint import BatchPlan, CheckpointStore, FileEntry, SourceCheckpoint
 from resources.files import JsonLinesDirectory
@@ -45,7 +45,7 @@ def _file_lines(spark: SparkSession, paths: list[str]) -> DataFrame:
     if None in uris:
         missing = [path for path, uri in zip(paths, uris, strict=True) if uri is None]
         raise UnlistedFileError(f"Spark's listing of the batch's files does not name {missing}")
-    position = f"array_position(array({', '.join(map(sql_string, uris))}), _metadata.file_path)"
+    position = f"array_position({sql_strings(uris)}, _metadata.file_path)"
     located = lines.selectExpr(
         "value",
         f"CAST(CASE WHEN {position} > 0 THEN {position} - 1 ELSE raise_error('a line of a file not in the batch') END"
@@ -61,7 +61,7 @@ def _line_offsets(paths: list[str]) -> str:
     `file` and `block`, the start of the line's file split): summed as the lines are read, by
     `io.onceflow.LineOffsets` (`jobs/jvm/`), which every onceflow Spark session and engine loads."""
     # The path is needed (and made) only where a split starts inside a file.
-    path = f"CASE WHEN block > 0 THEN element_at(array({', '.join(map(sql_string, paths))}), file + 1) END"
+    path = f"CASE WHEN block > 0 THEN element_at({sql_strings(paths)}, file + 1) END"
     return f"reflect('io.onceflow.LineOffsets', 'offset', file, block, CAST(octet_length(value) + 1 AS INT), {path})"
 
 
@@ -102,7 +102,7 @@ class FileReader:
         self._counts = {entry: self.directory.count(entry) for entry in plan.files}
         paths = [self.directory.path_of(entry) for entry in plan.files]
         lines = _file_lines(spark, paths)
-        relative = f"element_at(array({', '.join(sql_string(entry.path) for entry in plan.files)}), file + 1)"
+        relative = f"element_at({sql_strings(entry.path for entry in plan.files)}, file + 1)"
         # SQL text: each column built in Python costs round trips to the JVM.
         return lines.filter(r"NOT value RLIKE '^[ \\t\\r\\x0B\\f]*$'").selectExpr(
             f"CAST(file AS BIGINT) * {FILE_STRIDE} + CAST(offset AS BIGINT) AS ordinal",

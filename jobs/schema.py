@@ -9,6 +9,7 @@ DOUBLE, DECIMAL(p, s), DATE, TIMESTAMP, TIMESTAMP_NTZ, ARRAY<T>, MAP<STRING, T>,
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from pyspark.sql import types as T
 
@@ -175,6 +176,11 @@ def quoted(name: str) -> str:
 def sql_string(text: str) -> str:
     """`text` as a SQL string literal, whatever characters it holds (its UTF-8 bytes, in hex)."""
     return f"CAST(X'{text.encode().hex()}' AS STRING)"
+
+
+def sql_strings(texts: Iterable[str]) -> str:
+    """`texts` as a SQL array literal of strings (see `sql_string`)."""
+    return f"array({', '.join(map(sql_string, texts))})"
 
 
 def bigquery_type(data_type: T.DataType) -> str:
