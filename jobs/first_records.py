@@ -6,25 +6,30 @@ dropped in Spark by ordinal (`without_ordinals`); its dead letters, a handful, e
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 
-def first_ids(valid: pa.Table) -> tuple[pa.Table, list[int]]:
+def first_ids(valid: pa.Table) -> tuple[pa.Table, np.ndarray]:
     """The first record of each ID (`record_id, time_bucket, ordinal`), and the ordinals of the rest."""
     rows = valid.select(["record_id", "time_bucket", "ordinal"])
     first = rows.group_by("record_id").aggregate([("ordinal", "min")])["ordinal_min"]
     kept = pc.is_in(rows["ordinal"], value_set=first)  # a batch's ordinals are distinct
-    return rows.filter(kept), rows["ordinal"].filter(pc.invert(kept)).to_pylist()
+    return rows.filter(kept), rows["ordinal"].filter(pc.invert(kept)).to_numpy()
 
 
-def without_ordinals(spark: SparkSession, rows: DataFrame, ordinals: list[int]) -> DataFrame:
-    """`rows` without those at `ordinals` (sent once as a small broadcast table), and without the ordinal column."""
-    if ordinals:
-        excluded = spark.createDataFrame(pa.table({"ordinal": pa.array(ordinals, pa.int64())}))
-        rows = rows.join(F.broadcast(excluded), "ordinal", "left_anti")
+def without_ordinals(rows: DataFrame, ordinals: np.ndarray) -> DataFrame:
+    """`rows` without those at `ordinals`, and without the ordinal column.
+
+    The ordinals go to Spark as one binary literal, sorted, that `onceflow_not_among` (registered by
+    `resources.spark_functions`) searches for each row: no table of them to build and broadcast first.
+    """
+    if len(ordinals):
+        members = np.unique(ordinals.astype(np.int64)).astype(">i8").tobytes()
+        rows = rows.filter(F.call_function("onceflow_not_among", F.lit(bytearray(members)), F.col("ordinal")))
     return rows.drop("ordinal")
 
 

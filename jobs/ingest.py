@@ -22,6 +22,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
@@ -142,7 +143,7 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
         firsts, repeats = first_ids(slim.filter(pc.is_null(slim["reason"])))
         unique_count = firsts.num_rows
         if source.id_filters is None:
-            unique = without_ordinals(spark, valid, repeats)
+            unique = without_ordinals(valid, repeats)
             written = _merge_once(spark, source, plan, unique, source.raw_path, _horizon(plan.horizon_floor_ms),
                                   metadata)
         else:
@@ -165,7 +166,7 @@ def _horizon(horizon_floor_ms: int | None) -> str:
 
 def _merge_with_filters(
     spark: SparkSession, source: SourceRuntime, store: IdFilterStore, plan: BatchPlan, valid: DataFrame,
-    dedup: tuple[pa.Table, list[int]], metadata: dict, result: IngestResult, begun: Future | None,
+    dedup: tuple[pa.Table, np.ndarray], metadata: dict, result: IngestResult, begun: Future | None,
 ) -> Written:
     """Commit the first record of each ID of a batch's `valid` records (`dedup`: those firsts' `record_id,
     time_bucket, ordinal`, and the ordinals of the repeats) unless the table holds its ID, looking up only the IDs
@@ -182,9 +183,10 @@ def _merge_with_filters(
         # An ID the filters rule out is in no bucket of the table: only the "maybe" IDs are looked up.
         seen, read = committed_among(filters, source.raw_path, ids["record_id"].filter(pa.array(maybe)))
         committed = pc.is_in(ids["record_id"], value_set=pa.array(seen, ids["record_id"].type))
-        excluded, added = [*excluded, *ids["ordinal"].filter(committed).to_pylist()], added.filter(pc.invert(committed))
+        excluded = np.concatenate([excluded, ids["ordinal"].filter(committed).to_numpy()])
+        added = added.filter(pc.invert(committed))
         result.fast_path.update({"committed_found": len(seen), "buckets_read": read})
-    rows = without_ordinals(spark, valid, excluded)  # one anti-join drops both kinds
+    rows = without_ordinals(valid, excluded)  # one filter drops both kinds
     written = _append_new(spark, source, plan, rows, ids.num_rows - len(seen), metadata, begun)
     if not written.replayed:
         changed = filters.add(hashes, ids["time_bucket"].to_numpy())

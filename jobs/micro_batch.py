@@ -25,6 +25,7 @@ from jobs.ingest_result import IngestResult
 from jobs.source_reader import SourceReader, SourceRuntime, source_watermark_ms
 from resources.checkpoint import BatchPlan, SourceCheckpoint
 from resources.faults import crash_point
+from resources.spark_functions import register_spark_functions
 
 log = logging.getLogger("onceflow")
 
@@ -44,6 +45,7 @@ def run_micro_batch(get_spark: Callable[[], SparkSession], source: SourceRuntime
         source.checkpoints.update(lambda c: _with_watermark(reader, c))
         return None
     spark = get_spark()
+    register_spark_functions(spark)
     result = ingest_batch(spark, source, plan, reader.landed(spark, plan))
     result.realigned_from = realigned_from
     if result.lost_race:

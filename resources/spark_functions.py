@@ -3,7 +3,8 @@
 The jar is cached beside the Delta jars, named by a hash of its sources and of the Spark it is compiled against, so
 a changed source or a new Spark builds a new jar and a checkout never runs another checkout's classes. It is
 built with the JDK's `javac` (`JAVA_HOME`, else the `PATH`) against the jars of the installed PySpark, then moved
-into place atomically: processes that build it at the same time each produce the same file.
+into place atomically: processes that build it at the same time each produce the same file. The ones called as
+SQL functions are registered in each batch's session (`register_spark_functions`).
 """
 
 from __future__ import annotations
@@ -17,14 +18,42 @@ import zipfile
 from pathlib import Path
 
 import pyspark
+from pyspark.errors import AnalysisException
+from pyspark.sql import SparkSession
+from pyspark.sql import types as T
 
 from resources.delta_jars import jar_cache_dir
 
 SOURCES = Path(__file__).resolve().parent.parent / "jobs" / "jvm"
 
 
+SQL_FUNCTIONS = {"onceflow_not_among": ("io.onceflow.NotAmong", T.BooleanType())}
+"""onceflow's SQL functions: name → (Java class in the jar, result type)."""
+
+
 class JavaCompilerMissingError(RuntimeError):
     """No `javac` to build onceflow's Spark functions with: a JDK (not only a JRE) of Java 17 or later is needed."""
+
+
+class SparkFunctionsMissingError(RuntimeError):
+    """The Spark engine has no onceflow functions jar on its classpath (an engine onceflow did not start)."""
+
+
+def register_spark_functions(spark: SparkSession) -> None:
+    """Register onceflow's SQL functions in `spark`'s session (again: a restarted engine forgets them).
+
+    Raises `SparkFunctionsMissingError`, naming the fix, where the engine cannot load onceflow's classes.
+    """
+    for name, (java_class, result) in SQL_FUNCTIONS.items():
+        try:
+            spark.udf.registerJavaFunction(name, java_class, result)
+        except AnalysisException as error:
+            if java_class not in str(error):
+                raise
+            raise SparkFunctionsMissingError(
+                f"the Spark engine cannot load {java_class}, one of onceflow's Spark functions: start it with "
+                "the jar `onceflow setup` prints on its classpath (`--jars <jar>`)"
+            ) from error
 
 
 def ensure_spark_functions_jar(cache_dir: Path | None = None) -> Path:

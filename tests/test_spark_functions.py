@@ -5,10 +5,19 @@ from __future__ import annotations
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
+from pyspark.sql import SparkSession
+from pyspark.sql import types as T
 
+from jobs.first_records import without_ordinals
 from resources import spark_functions
-from resources.spark_functions import JavaCompilerMissingError, ensure_spark_functions_jar
+from resources.spark_functions import (
+    JavaCompilerMissingError,
+    SparkFunctionsMissingError,
+    ensure_spark_functions_jar,
+    register_spark_functions,
+)
 
 
 def test_the_jar_is_built_once_and_rebuilt_when_a_source_changes(
@@ -16,7 +25,7 @@ def test_the_jar_is_built_once_and_rebuilt_when_a_source_changes(
 ) -> None:
     jar = ensure_spark_functions_jar(tmp_path)
 
-    assert "io/onceflow/LineOffsets.class" in zipfile.ZipFile(jar).namelist()
+    assert {"io/onceflow/LineOffsets.class", "io/onceflow/NotAmong.class"} <= set(zipfile.ZipFile(jar).namelist())
     built_at = jar.stat().st_mtime_ns
     assert ensure_spark_functions_jar(tmp_path) == jar and jar.stat().st_mtime_ns == built_at
     assert [p.name for p in (tmp_path / "onceflow").iterdir()] == [jar.name]  # no work files left behind
@@ -38,3 +47,27 @@ def test_a_machine_without_javac_gets_an_error_that_says_what_to_install(
 
     with pytest.raises(JavaCompilerMissingError, match="install a JDK 17"):
         ensure_spark_functions_jar(tmp_path / "cache")
+
+
+def test_without_ordinals_drops_exactly_the_rows_at_those_ordinals(spark: SparkSession) -> None:
+    register_spark_functions(spark)
+    ordinals = [-(2**63), -5, 0, 1, 7, 8, 2**40, 2**63 - 1]
+    rows = spark.createDataFrame([(o, f"r{o}") for o in ordinals], "ordinal BIGINT, name STRING")
+
+    def kept(excluded: list[int]) -> list[str]:
+        return sorted(r["name"] for r in without_ordinals(rows, np.array(excluded, np.int64)).collect())
+
+    assert without_ordinals(rows, np.array([], np.int64)).columns == ["name"]
+    assert kept([]) == sorted(f"r{o}" for o in ordinals)
+    # Unsorted, repeated, and absent values; the first, middle and last members of the sorted set.
+    assert kept([8, -(2**63), 3, 8, 2**63 - 1, 0]) == sorted(["r-5", "r1", "r7", f"r{2**40}"])
+    assert kept(ordinals) == []
+
+
+def test_an_engine_without_the_jar_gets_an_error_naming_the_fix(
+    spark: SparkSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(spark_functions.SQL_FUNCTIONS, "onceflow_absent", ("io.onceflow.Absent", T.BooleanType()))
+
+    with pytest.raises(SparkFunctionsMissingError, match=r"cannot load io\.onceflow\.Absent.*onceflow setup"):
+        register_spark_functions(spark)
