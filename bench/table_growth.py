@@ -129,7 +129,7 @@ def rebuild_filters(source: SourceRuntime) -> tuple[float, int]:
         raise BenchmarkError("the fast-path home has no ID filter store")
     start = time.perf_counter()
     filters = store.load(None)
-    store.save(filters, set(filters.buckets))
+    store.save(filters)
     seconds = time.perf_counter() - start
     if not filters.rebuilt:
         raise BenchmarkError("the ID filters were not rebuilt from the table: a filters directory was left over")

@@ -10,6 +10,8 @@ The filters are derived state and never the authority. Missing, unreadable, from
 saturated: rebuilt from the table. Behind the table: caught up from the Delta log (the record IDs of every
 data-changing commit since their stamp). A filter can only ever hold too much (a false "maybe", which costs a
 lookup), never too little, so a batch deduplicated through them is exactly what the full MERGE would give.
+Because the log can always bring them up to date, a process keeps its filters in memory between batches and saves
+them only every `jobs.id_filter_store.SAVE_EVERY_VERSIONS` table versions.
 
 Each filter is a blocked Bloom filter: an ID sets `PROBES` bits within each of two 64-bit words, so probing a
 whole batch against a bucket is a few vectorised numpy operations. (With one word per ID, about 1 fresh ID in
@@ -19,11 +21,7 @@ filter of 500,000 IDs sized as a rebuild sizes it, and 1 in 26,000 at its nomina
 
 from __future__ import annotations
 
-import hashlib
-import logging
-import threading
 from dataclasses import dataclass, field
-from typing import ClassVar
 
 import numpy as np
 import pandas as pd
@@ -32,10 +30,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from pydantic import BaseModel
 
-from jobs.log_ids import ids_added_since, recent_ids
-from resources.object_store import ObjectStore
-
-log = logging.getLogger("onceflow")
+from jobs.log_ids import recent_ids
 
 SCHEME = "siphash24-onceflow1/blocked64x5x2"
 """Names the hashing and layout; filters written under another scheme are rebuilt, never trusted."""
@@ -92,7 +87,9 @@ class BucketFilter:
         return ((self.words[first] & first_mask) == first_mask) & ((self.words[second] & second_mask) == second_mask)
 
 
-class _Manifest(BaseModel):
+class FilterManifest(BaseModel):
+    """The saved form of a table's filters: their version and, per bucket, its file, ID count and digest."""
+
     scheme: str
     version: int
     covered_from: int | None = None
@@ -104,15 +101,20 @@ class _Manifest(BaseModel):
 @dataclass
 class IdFilters:
     """The filters of one raw table as of `version`: every ID that commits up to it wrote in a bucket from
-    `covered_from` on (all buckets when None) is in its bucket's filter."""
+    `covered_from` on (all buckets when None) is in its bucket's filter.
+
+    `base` is the saved manifest they were read from (None when built from the table) and `unsaved` the buckets
+    changed since: a bucket outside it is still exactly the file `base` names for it."""
 
     version: int
     buckets: dict[int, BucketFilter] = field(default_factory=dict)
     covered_from: int | None = None
     rebuilt: bool = False
     caught_up: int = 0
+    base: FilterManifest | None = None
+    unsaved: set[int] = field(default_factory=set)
 
-    def maybe_seen(self, hashes: np.ndarray, buckets_of_ids: np.ndarray | None = None) -> tuple[np.ndarray, set[int]]:
+    def maybe_seen(self, hashes: np.ndarray) -> tuple[np.ndarray, set[int]]:
         """Which IDs may be committed (a boolean per ID), and the buckets that may hold them."""
         maybe = np.zeros(len(hashes), dtype=bool)
         where: set[int] = set()
@@ -123,16 +125,14 @@ class IdFilters:
                 where.add(bucket)
         return maybe, where
 
-    def add(self, hashes: np.ndarray, buckets: np.ndarray) -> set[int]:
-        """Add IDs to their buckets' filters; returns the buckets changed. A filter past its capacity keeps
-        taking IDs (it only answers "maybe" more often) until the next load refills it larger from the table."""
-        changed: set[int] = set()
+    def add(self, hashes: np.ndarray, buckets: np.ndarray) -> None:
+        """Add IDs to their buckets' filters. A filter past its capacity keeps taking IDs (it only answers "maybe"
+        more often) until the next load refills it larger from the table."""
         for bucket in np.unique(buckets):
             mine = hashes[buckets == bucket]
             bloom = self.buckets.setdefault(int(bucket), BucketFilter.sized_for(len(mine) * 4))
             bloom.add(mine)
-            changed.add(int(bucket))
-        return changed
+            self.unsaved.add(int(bucket))
 
     def drop_below(self, floor_bucket: int | None) -> None:
         """Rolling: buckets below the dedup horizon are never looked up again."""
@@ -140,115 +140,6 @@ class IdFilters:
             for bucket in [b for b in self.buckets if b < floor_bucket]:
                 del self.buckets[bucket]
             self.covered_from = floor_bucket if self.covered_from is None else max(self.covered_from, floor_bucket)
-
-
-class IdFilterStore:
-    """Persists a raw table's filters in an object store (`<key>/manifest.json`, `<key>/<bucket>-<version>.bloom`).
-
-    The manifest is replaced last and names immutable bucket files, so a reader sees one consistent set; a
-    bucket file that is missing (a concurrent writer's clean-up, a deleted directory) is rebuilt from the table.
-    """
-
-    _saved: ClassVar[dict[str, tuple[bytes, IdFilters]]] = {}
-    """What this process saved last, per table, with the manifest it wrote: a warm run's next batch takes its
-    filters from here (while the manifest is still that one) instead of reading and hashing every bucket again.
-    Taken out while a batch uses them, so only a saved state is ever reused."""
-    _saved_lock = threading.Lock()
-
-    def __init__(self, store: ObjectStore, key: str, table_path: str) -> None:
-        self.store, self.key, self.table_path = store, key, table_path
-
-    def load(self, floor_bucket: int | None) -> IdFilters:
-        """The filters, caught up to the table's current version (rebuilt from the table when unusable)."""
-        table = DeltaTable(self.table_path)
-        latest = table.version()
-        filters = self._read(floor_bucket)
-        if filters is None or filters.version > latest:
-            return self._rebuild(latest, floor_bucket)
-        try:
-            added = ids_added_since(table, filters.version, latest)
-        except FileNotFoundError:  # the log entries since the stamp are gone (log retention): start over
-            return self._rebuild(latest, floor_bucket)
-        filters.add(id_hashes(added["record_id"]), added["time_bucket"].to_numpy())
-        filters.caught_up, filters.version = latest - filters.version, latest
-        for bucket in [b for b, bloom in filters.buckets.items() if bloom.saturated]:
-            filters.buckets[bucket] = self._filled(latest, [("time_bucket", "=", bucket)])[bucket]
-        return filters
-
-    def save(self, filters: IdFilters, changed: set[int]) -> None:
-        """Write the changed buckets, then the manifest that names them with the filters' version."""
-        old = self._manifest()
-        names = dict(old.buckets) if old is not None and old.scheme == SCHEME else {}
-        names = {b: n for b, n in names.items() if b in filters.buckets}
-        digests = {b: d for b, d in old.digests.items() if b in names} if old is not None else {}
-        for bucket in changed | (set(filters.buckets) - set(names)):
-            name, data = f"{bucket}-{filters.version}.bloom", filters.buckets[bucket].words.tobytes()
-            self.store.write(f"{self.key}/{name}", data)
-            names[bucket], digests[bucket] = name, hashlib.sha256(data).hexdigest()
-        manifest = _Manifest(scheme=SCHEME, version=filters.version, covered_from=filters.covered_from, buckets=names,
-                             counts={b: filters.buckets[b].count for b in names}, digests=digests)
-        written = manifest.model_dump_json().encode()
-        self.store.write(f"{self.key}/manifest.json", written)
-        with self._saved_lock:
-            self._saved[self.table_path] = (written, filters)
-        keep = {*names.values(), "manifest.json"}
-        superseded = {*old.buckets.values()} - keep if old is not None else set()
-        for name in superseded:
-            self.store.delete(f"{self.key}/{name}")
-
-    def _manifest(self) -> _Manifest | None:
-        return self._parsed(self.store.read(f"{self.key}/manifest.json"))
-
-    @staticmethod
-    def _parsed(raw: bytes | None) -> _Manifest | None:
-        try:
-            return None if raw is None else _Manifest.model_validate_json(raw)
-        except ValueError:
-            return None
-
-    def _read(self, floor_bucket: int | None) -> IdFilters | None:
-        raw = self.store.read(f"{self.key}/manifest.json")
-        with self._saved_lock:
-            saved, mine = self._saved.pop(self.table_path, (None, None))
-        manifest = self._parsed(raw)
-        if manifest is None or manifest.scheme != SCHEME:
-            return None
-        if manifest.covered_from is not None and (floor_bucket is None or floor_bucket < manifest.covered_from):
-            return None  # asked about older buckets than the filters kept (an older checkpoint's horizon)
-        if mine is not None and saved == raw:
-            mine.rebuilt, mine.caught_up = False, 0
-            return mine  # what this process saved, and nobody saved since
-        filters = IdFilters(version=manifest.version, covered_from=manifest.covered_from)
-        for bucket, name in manifest.buckets.items():
-            if floor_bucket is not None and bucket < floor_bucket:
-                continue
-            data = self.store.read(f"{self.key}/{name}")
-            if data is None or hashlib.sha256(data).hexdigest() != manifest.digests.get(bucket):
-                return None  # missing, torn or altered: rebuild rather than trust part of a set
-            words = np.frombuffer(data, dtype=np.uint64).copy()
-            filters.buckets[bucket] = BucketFilter(words, manifest.counts.get(bucket, 0))
-        return filters
-
-    def _rebuild(self, version: int, floor_bucket: int | None) -> IdFilters:
-        where = None if floor_bucket is None else [("time_bucket", ">=", floor_bucket)]
-        buckets = self._filled(version, where)
-        log.info(f"{self.key}: ID filters rebuilt from the table at version {version} "
-                 f"({sum(b.count for b in buckets.values())} IDs in {len(buckets)} buckets)")
-        return IdFilters(version=version, buckets=buckets, covered_from=floor_bucket, rebuilt=True)
-
-    def _filled(self, version: int, where: list | None) -> dict[int, BucketFilter]:
-        """Filters filled from the table's rows at `version` (those matching `where`), sized with room to grow."""
-        ids = DeltaTable(self.table_path, version=version).to_pyarrow_table(
-            columns=["record_id", "time_bucket"], filters=where
-        )
-        buckets = ids["time_bucket"].to_numpy()
-        hashes = id_hashes(ids["record_id"])
-        filled = {}
-        for bucket in np.unique(buckets):
-            mine = hashes[buckets == bucket]
-            filled[int(bucket)] = bloom = BucketFilter.sized_for(len(mine) * 4)
-            bloom.add(mine)
-        return filled
 
 
 def committed_among(

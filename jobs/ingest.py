@@ -42,7 +42,8 @@ from jobs.delta_txn import (
     table_properties,
 )
 from jobs.first_records import first_ids, first_per_id, without_ordinals
-from jobs.id_filters import IdFilterStore, committed_among, id_hashes
+from jobs.id_filter_store import IdFilterStore
+from jobs.id_filters import committed_among, id_hashes
 from jobs.ingest_result import IngestResult
 from jobs.log_ids import remember_commit_ids
 from jobs.schema import parse_schema, quoted
@@ -189,13 +190,13 @@ def _merge_with_filters(
     rows = without_ordinals(valid, excluded)  # one filter drops both kinds
     written = _append_new(spark, source, plan, rows, ids.num_rows - len(seen), metadata, begun)
     if not written.replayed:
-        changed = filters.add(hashes, ids["time_bucket"].to_numpy())
+        filters.add(hashes, ids["time_bucket"].to_numpy())
         version = own_commit_version(source.raw_path, metadata, after=filters.version)
         if version > filters.version:  # the batch's own commit: the IDs it added need no reading back
             remember_commit_ids(source.raw_path, version, added)
         filters.version = version
-        filters.drop_below(floor)
-        store.save(filters, changed)
+    filters.drop_below(floor)
+    store.release(filters)
     return written
 
 

@@ -17,7 +17,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from jobs.declaration import FileSource, Pipeline
 from jobs.file_reader import FileReader
-from jobs.id_filters import IdFilterStore
+from jobs.id_filter_store import IdFilterStore
 from jobs.landed_ids import LandedRow
 from jobs.landing import BatchOutcome
 from jobs.pubsub_reader import PubSubReader

@@ -17,7 +17,9 @@ import numpy as np
 import pytest
 from pyspark.sql import SparkSession
 
-from jobs.id_filters import BucketFilter, IdFilterStore, id_hashes
+from jobs import id_filter_store
+from jobs.id_filter_store import IdFilterStore
+from jobs.id_filters import BucketFilter, id_hashes
 from jobs.micro_batch import run_micro_batch
 from jobs.source_reader import SourceRuntime, open_source
 from orchestration.workload import Event, expected_raw, make_events
@@ -27,6 +29,7 @@ from tests.pipelines import builtin, events_from_files
 
 RAW = ["record_id", "event_time", "key", "value"]
 START_MS = 1_763_720_000_000
+HOUR_MS = 3_600_000
 
 
 @pytest.fixture
@@ -104,6 +107,7 @@ def test_filters_restored_from_an_older_copy_catch_up_from_the_delta_log(
         if k == 3:
             shutil.rmtree(home / "filters")
             shutil.copytree(backup, home / "filters")
+            IdFilterStore._held.clear()  # as in a new process that finds the older copy
 
     events, results = _ingest_in_batches(spark, incoming, source, restore)
     _check(source, events, results)
@@ -121,7 +125,7 @@ def test_saturated_and_altered_filters_still_give_exactly_once(
             _rewrite_buckets(home, lambda words: np.full_like(words, np.uint64(2**64 - 1)), sign=True)
         if k == 3:  # altered behind the manifest's back (all bits cleared): never trusted, rebuilt
             _rewrite_buckets(home, np.zeros_like, sign=False)
-            IdFilterStore._saved.clear()  # as in a new process: this one would reuse the filters it saved itself
+            IdFilterStore._held.clear()  # as in a new process: this one would reuse the filters it holds
 
     events, results = _ingest_in_batches(spark, incoming, source, damage)
     _check(source, events, results)
@@ -129,11 +133,46 @@ def test_saturated_and_altered_filters_still_give_exactly_once(
     assert results[3].fast_path["filters_rebuilt"] is True
 
 
+def test_buckets_changed_only_by_catching_up_are_saved_too(
+    spark: SparkSession, incoming: Path, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Saves are deferred, so a process often starts from filters some commits behind. Those commits' IDs are
+    caught up into buckets the batch itself may not touch; saving must write those buckets too, or a later reader
+    of the saved filters would take a repeat of them for a fresh record."""
+    monkeypatch.setattr(id_filter_store, "SAVE_EVERY_VERSIONS", 2)
+    source = _source(home)
+    hour = (START_MS // HOUR_MS + 1) * HOUR_MS
+    first_hour = make_events(400, hour, HOUR_MS // 2, seed=7, prefix="a")
+    third_hour = make_events(200, hour + 2 * HOUR_MS, HOUR_MS // 2, seed=8, prefix="c")
+    batches = [first_hour[:200], first_hour[200:], third_hour[:100], [*third_hour[100:], *first_hour[200:230]]]
+    results, saved_versions = [], []
+    for k, events in enumerate(batches):
+        if k in (2, 3):
+            IdFilterStore._held.clear()  # a new process
+        _write(incoming, f"{k}.jsonl", events)
+        results.append(run_micro_batch(lambda: spark, source))
+        saved_versions.append(_saved_manifest(home)["version"])
+
+    raw_versions = [r.raw_version for r in results]
+    # Saved when built (batch 0), then not until 2 versions past that; batch 3 starts from batch 2's save.
+    assert saved_versions == [raw_versions[0], raw_versions[0], raw_versions[2], raw_versions[2]]
+    assert results[2].fast_path["filters_caught_up_commits"] == 1  # batch 1, all in the first hour's bucket
+    assert read_rows(source.raw_path, RAW) == expected_raw([*first_hour, *third_hour])
+    assert [r.inserted for r in results] == [200, 200, 100, 100]
+    assert [r.duplicates_committed for r in results] == [0, 0, 0, 30]
+    assert results[3].fast_path["committed_found"] == 30 and not results[3].fast_path["filters_caught_up_commits"]
+
+
+def _saved_manifest(home: Path) -> dict:
+    (manifest_path,) = (home / "filters").rglob("manifest.json")
+    return json.loads(manifest_path.read_text())
+
+
 def _rewrite_buckets(home: Path, change: Callable[[np.ndarray], np.ndarray], sign: bool) -> None:
     """Change every bucket filter's bits; `sign` also records the new bytes in the manifest (a filter that really
     is that way), else the manifest still names the old bytes (a file altered behind its back)."""
     (manifest_path,) = (home / "filters").rglob("manifest.json")
-    manifest = json.loads(manifest_path.read_text())
+    manifest = _saved_manifest(home)
     for bucket, name in manifest["buckets"].items():
         path = manifest_path.parent / name
         data = change(np.frombuffer(path.read_bytes(), dtype=np.uint64)).tobytes()
