@@ -2,8 +2,7 @@
 
 The same events plus 10% publisher-retry duplicates are written once as JSON-lines files; each run drains that
 file source with `run_micro_batch` into a fresh onceflow home, on one shared Spark session. Only the drain is
-timed (not file generation, not session start). After a small discarded warm-up the modes alternate
-(A B A B ...) so both see the same machine conditions; the figure is the median records/s per mode.
+timed (not file generation, not session start). `bench.run` runs the rounds, beside the other contenders.
 """
 
 from __future__ import annotations
@@ -11,13 +10,10 @@ from __future__ import annotations
 import math
 import os
 import shutil
-import statistics
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pyarrow.compute as pc
 from deltalake import DeltaTable
@@ -50,7 +46,6 @@ class Config:
     files: int = 20
     files_per_batch: int = 4
     rounds: int = 3
-    warmup_events: int = 2_000
 
     @property
     def records(self) -> int:
@@ -163,129 +158,3 @@ def check(run: Run, events: int, records: int) -> None:
         problems.append(f"{run.duplicates} duplicates dropped, expected {records - events}")
     if problems:
         raise BenchmarkError(f"{run.mode} round {run.round}: " + "; ".join(problems))
-
-
-def run(spark: SparkSession, config: Config, log: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Warm up, then alternate the two modes for `config.rounds` rounds; returns the JSON-ready report."""
-    log = log or _print
-    os.environ.pop("ONCEFLOW_CRASH_AT", None)  # a leftover fault-injection setting would kill the benchmark
-    with tempfile.TemporaryDirectory(prefix="onceflow-bench-") as tmp:
-        work = Path(tmp)
-        warmup_dir, source_dir = work / "warmup", work / "source"
-        write_source(warmup_dir, config.warmup_events, config, seed=3)
-        lines_per_file = write_source(source_dir, config.events, config)
-        warmup_records = config.warmup_events + int(config.warmup_events * config.retry_fraction)
-        for mode in MODES:
-            warm = drain_once(spark, warmup_dir, mode, config, work, round_no=0)
-            check(warm, config.warmup_events, warmup_records)
-            log(f"warm-up {mode}: {warm.received} records in {warm.seconds:.1f} s (discarded)")
-        runs: list[Run] = []
-        for round_no in range(1, config.rounds + 1):
-            for mode in MODES:
-                result = drain_once(spark, source_dir, mode, config, work, round_no)
-                check(result, config.events, config.records)
-                runs.append(result)
-                log(
-                    f"round {round_no} {mode}: {result.received} records, {result.batches} batches, "
-                    f"{result.seconds:.1f} s, {result.records_per_s:,.0f} records/s, {result.raw_rows} raw rows "
-                    f"(load {result.load_avg_1m_before:.2f} -> {result.load_avg_1m_after:.2f})"
-                )
-    return report(config, lines_per_file, runs)
-
-
-def _print(line: str) -> None:
-    print(line, flush=True)
-
-
-def report(config: Config, lines_per_file: int, runs: list[Run]) -> dict[str, Any]:
-    summary: dict[str, dict[str, Any]] = {}
-    for mode in MODES:
-        mine = [r for r in runs if r.mode == mode]
-        rates = [r.records_per_s for r in mine]
-        summary[mode] = {
-            "median_records_per_s": statistics.median(rates),
-            "min_records_per_s": min(rates),
-            "max_records_per_s": max(rates),
-            "median_seconds": statistics.median(r.seconds for r in mine),
-            "median_batch_seconds": statistics.median(s for r in mine for s in r.batch_seconds),
-            "received": mine[0].received,
-            "raw_rows": mine[0].raw_rows,
-            "batches": mine[0].batches,
-            "batch_records": mine[0].batch_records,
-        }
-    ratio = summary["exactly_once"]["median_records_per_s"] / summary["at_least_once"]["median_records_per_s"]
-    return {
-        "benchmark": NAME,
-        "config": {
-            **asdict(config),
-            "records": config.records,
-            "lines_per_file": lines_per_file,
-            "records_per_batch": lines_per_file * config.files_per_batch,
-            "order": "warm-up of each mode (discarded), then " + " ".join(MODES) + f" x {config.rounds}",
-            "timed": "drain only: run_micro_batch until None (plan, read, ingest, checkpoint)",
-        },
-        "summary": summary,
-        "ratio_exactly_once_over_at_least_once": ratio,
-        "runs": [{**asdict(r), "records_per_s": r.records_per_s} for r in runs],
-    }
-
-
-def chart(result: dict[str, Any], path: Path) -> None:
-    """Median records/s per mode (with each round's value), and every run in execution order."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    colors = {"exactly_once": "tab:blue", "at_least_once": "tab:orange"}
-    summary, runs, config = result["summary"], result["runs"], result["config"]
-    fig, (bars, order) = plt.subplots(1, 2, figsize=(11, 4.8), gridspec_kw={"width_ratios": [1, 1.4]})
-    for x, mode in enumerate(MODES):
-        median = summary[mode]["median_records_per_s"]
-        bars.bar(x, median, color=colors[mode], alpha=0.8, width=0.6)
-        rates = [r["records_per_s"] for r in runs if r["mode"] == mode]
-        bars.scatter(
-            [x] * len(rates), rates, color="black", s=14, zorder=3, label="one round" if x == 0 else None
-        )
-        bars.text(
-            x,
-            median / 2,
-            f"median\n{median:,.0f}/s",
-            ha="center",
-            va="center",
-            color="white",
-            fontsize=10,
-            fontweight="bold",
-        )
-    bars.set_xticks(range(len(MODES)), [f"{m}\n{summary[m]['raw_rows']:,} raw rows" for m in MODES])
-    bars.set_ylabel("records / s (median)")
-    bars.set_title(f"exactly_once / at_least_once = {result['ratio_exactly_once_over_at_least_once']:.2f}")
-    bars.margins(y=0.15)
-    bars.legend(loc="lower right", fontsize=8)
-
-    for mode in MODES:
-        points = [(i + 1, r["records_per_s"]) for i, r in enumerate(runs) if r["mode"] == mode]
-        order.plot(*zip(*points, strict=True), "o-", color=colors[mode], label=mode)
-    order.set_xlabel("run, in execution order (after a discarded warm-up)")
-    order.set_ylabel("records / s")
-    order.set_xticks(range(1, len(runs) + 1))
-    order.set_ylim(bottom=0)
-    order.set_title("every run (same files, fresh lake each run)")
-    order.legend(fontsize=8)
-    order.grid(alpha=0.3)
-
-    fig.suptitle(
-        f"Ingest throughput: {config['events']:,} events + {config['retry_fraction']:.0%} publisher retries = "
-        f"{config['records']:,} records; {summary['exactly_once']['batches']} batches of "
-        f"~{config['records_per_batch']:,} records; {os.cpu_count()} cores"
-    )
-    loads = [x for r in runs for x in (r["load_avg_1m_before"], r["load_avg_1m_after"])]
-    fig.text(
-        0.01,
-        0.01,
-        f"1-minute load average during the timed runs: {min(loads):.1f}-{max(loads):.1f}",
-        fontsize=8,
-    )
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
-    fig.savefig(path, dpi=120)
-    plt.close(fig)

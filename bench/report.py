@@ -80,7 +80,8 @@ def build(
             "records": config.records,
             "contenders": list(summary),
             "peer_watermark": peer.WATERMARK,
-            "order": "warm-up of each contender (discarded), then " + " ".join(summary) + f" x {config.rounds}",
+            "order": f"a warm-up round (discarded), then {config.rounds} rounds of " + " ".join(summary)
+            + ", reversed in even rounds",
         },
         "ingest_modes": {
             "exactly_once_rps": onceflow,

@@ -7,9 +7,9 @@ One process, one Spark session (started before any timing), one generated data s
 - `streaming_dedup`, `streaming_merge`: the Spark Structured Streaming peer (`bench.peer`);
 - `floor`: a plain `read.json` -> Delta append, no dedup (`bench.peer`).
 
-After a discarded warm-up of each contender on a small data set, the rounds alternate all contenders in that
-order, each run starting once the disk has written back the runs before it (`os.sync`); each figure is the
-median records/s per contender. Only the ingest itself is timed (see each module). After
+After a discarded warm-up round of every contender on the same data, the rounds alternate all contenders, in that
+order and then in reverse (see `run_contenders`), each run starting once the disk has written back the runs
+before it (`os.sync`); each figure is the median records/s per contender. Only the ingest itself is timed (see each module). After
 each timed run of `exactly_once` and of the streams, the last batch is replayed as after a crash between the sink
 commit and the checkpoint update, and the duplicates the table then holds are counted (not timed).
 
@@ -132,22 +132,26 @@ def run_one(
 def run_contenders(
     spark: SparkSession, contenders: list[str], config: Config, log: Callable[[str], None]
 ) -> list[dict[str, Any]]:
-    """Warm-up (discarded), then `config.rounds` rounds of every contender in turn, on the same files."""
+    """A warm-up round (discarded), then `config.rounds` rounds of every contender, on the same files.
+
+    The warm-up is the full data set: the JVM compiles its hot paths for the batch size being measured, which a
+    small warm-up left for the first timed rounds to pay (those got faster round after round). The timed rounds
+    run the contenders in order, then in reverse, and so on, so that no contender always runs first in its round
+    or always after the same neighbour.
+    """
     os.environ.pop("ONCEFLOW_CRASH_AT", None)  # a leftover fault-injection setting would kill the benchmark
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="onceflow-bench-") as tmp:
         work = Path(tmp)
-        ingest_throughput.write_source(work / "warmup", config.warmup_events, config, seed=3)
         ingest_throughput.write_source(work / "source", config.events, config)
-        warmup = peer.Source.of(work / "warmup", config.files_per_batch)
         source = peer.Source.of(work / "source", config.files_per_batch)
         if source.records != config.records:
             raise BenchmarkError(f"{source.records} records written, expected {config.records}")
         for contender in contenders:
-            warm = run_one(spark, contender, warmup, config.warmup_events, config, work, 0, replay=False)
+            warm = run_one(spark, contender, source, config.events, config, work, 0, replay=False)
             log(f"warm-up {contender}: {warm['records']} records in {warm['seconds']:.1f} s (discarded)")
         for round_no in range(1, config.rounds + 1):
-            for contender in contenders:
+            for contender in contenders if round_no % 2 else contenders[::-1]:
                 run = run_one(spark, contender, source, config.events, config, work, round_no, replay=True)
                 runs.append(run)
                 replayed = run["duplicates_after_replay"]
