@@ -59,6 +59,15 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else a / b
 
 
+def round_ratios(summary: dict[str, dict[str, Any]], contender: str, other: str) -> list[float] | None:
+    """`contender`'s records/s over `other`'s, round by round: each pair ran minutes apart at most, so these
+    vary less with the machine than the ratio of the medians."""
+    if contender not in summary or other not in summary:
+        return None
+    return [a / b for a, b in zip(summary[contender]["records_per_s_by_round"],
+                                  summary[other]["records_per_s_by_round"], strict=True)]
+
+
 def build(
     config: Config, runs: list[dict[str, Any]], table_growth: dict[str, Any] | None, latency: dict[str, Any] | None
 ) -> dict[str, Any]:
@@ -72,6 +81,7 @@ def build(
         return summary[contender]["duplicates_after_replay"] if contender in summary else None
 
     onceflow = rps("exactly_once")
+    by_round = {other: round_ratios(summary, "exactly_once", other) for other in ("at_least_once", "streaming_dedup")}
     failures = sorted({f for r in runs if r["contender"] in peer.CONTENDERS for f in r["replay"].get("failed_runs", [])})
     return {
         "benchmark": "onceflow ingest: modes, Structured Streaming peer, floor",
@@ -87,12 +97,14 @@ def build(
             "exactly_once_rps": onceflow,
             "at_least_once_rps": rps("at_least_once"),
             "ratio": _ratio(onceflow, rps("at_least_once")),
+            "ratio_by_round": by_round["at_least_once"],
             "target_ratio": 0.8,
         },
         "peer": {
             "onceflow_rps": onceflow,
             "peer_rps": rps("streaming_dedup"),
             "throughput_ratio": _ratio(onceflow, rps("streaming_dedup")),
+            "throughput_ratio_by_round": by_round["streaming_dedup"],
             "merge_peer_rps": rps("streaming_merge"),
             "merge_throughput_ratio": _ratio(onceflow, rps("streaming_merge")),
             "target_ratio": 1.0,
@@ -135,8 +147,12 @@ def _num(value: float | None, unit: str = "") -> str:
 
 
 def extras(result: dict[str, Any]) -> list[str]:
-    """Printed lines for `table_growth` and `latency`, when they ran."""
+    """Printed lines for the round-by-round ratios, `table_growth` and `latency`, when they ran."""
     lines = []
+    for label, by_round in (("at_least_once", result["ingest_modes"]["ratio_by_round"]),
+                            ("streaming_dedup", result["peer"]["throughput_ratio_by_round"])):
+        if by_round:
+            lines.append(f"exactly_once ÷ {label}, round by round: " + " ".join(f"{r:.2f}" for r in by_round))
     growth, latency = result.get("table_growth"), result.get("latency")
     if growth:
         for rows, size in growth["sizes"].items():

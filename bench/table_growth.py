@@ -13,7 +13,8 @@ Per table size N (`--growth-rows`, default 1,000,000 and 10,000,000), on `bench.
    every bucket, then `save`). Timed on its own: `filter_rebuild_s`.
 4. Both homes ingest the same files of fresh events (`--growth-batches` files of about `--growth-batch-records`
    records: events plus 10% publisher retries, event times inside the loaded span), one `run_micro_batch` per
-   file, the two homes alternately. Each `run_micro_batch` is timed (plan, read, validate, dedup, commit,
+   file, the two homes alternately, each batch after `settle` (disk write-back, JVM garbage collection). Each
+   `run_micro_batch` is timed (plan, read, validate, dedup, commit,
    checkpoint); the figure per home is the median.
 5. Checked, not timed: each raw table then holds N + the distinct fresh events, all of them distinct.
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import shutil
 import statistics
 import tempfile
@@ -121,6 +123,14 @@ def bulk_load(spark: SparkSession, source: SourceRuntime, rows: int, end_ms: int
     )
 
 
+def settle(spark: SparkSession) -> None:
+    """Before a timed batch: the disk has written back, and the JVM has collected, what the batch before left.
+    Without it a fast-path batch after a 10 M-row MERGE paid for that MERGE's garbage, and the ratio measured the
+    neighbour rather than the table's size."""
+    os.sync()
+    spark.sparkContext._jvm.java.lang.System.gc()
+
+
 def rebuild_filters(source: SourceRuntime) -> tuple[float, int]:
     """Rebuild the ID filters from the table and persist them, as a first fast-path batch does (horizon floor
     None: every bucket); seconds taken and buckets built."""
@@ -168,6 +178,7 @@ def measure(
     fast_path: list[dict[str, Any]] = []
     for batch in range(1, batches + 1):
         for name in VARIANTS if batch % 2 else VARIANTS[::-1]:
+            settle(spark)
             start = time.perf_counter()
             result = run_micro_batch(lambda: spark, sources[name])
             elapsed = time.perf_counter() - start

@@ -40,11 +40,13 @@ class SparkFunctionsMissingError(RuntimeError):
 
 
 def register_spark_functions(spark: SparkSession) -> None:
-    """Register onceflow's SQL functions in `spark`'s session (again: a restarted engine forgets them).
+    """Register onceflow's SQL functions in `spark`'s session where it lacks them (a restarted engine forgets them).
 
     Raises `SparkFunctionsMissingError`, naming the fix, where the engine cannot load onceflow's classes.
     """
     for name, (java_class, result) in SQL_FUNCTIONS.items():
+        if spark.catalog.functionExists(name):
+            continue
         try:
             spark.udf.registerJavaFunction(name, java_class, result)
         except AnalysisException as error:
