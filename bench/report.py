@@ -149,8 +149,8 @@ def _num(value: float | None, unit: str = "") -> str:
 def extras(result: dict[str, Any]) -> list[str]:
     """Printed lines for the round-by-round ratios, `table_growth` and `latency`, when they ran."""
     lines = []
-    for label, by_round in (("at_least_once", result["ingest_modes"]["ratio_by_round"]),
-                            ("streaming_dedup", result["peer"]["throughput_ratio_by_round"])):
+    for label, by_round in (("at_least_once", result.get("ingest_modes", {}).get("ratio_by_round")),
+                            ("streaming_dedup", result.get("peer", {}).get("throughput_ratio_by_round"))):
         if by_round:
             lines.append(f"exactly_once ÷ {label}, round by round: " + " ".join(f"{r:.2f}" for r in by_round))
     growth, latency = result.get("table_growth"), result.get("latency")

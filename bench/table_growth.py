@@ -13,8 +13,10 @@ Per table size N (`--growth-rows`, default 1,000,000 and 10,000,000), on `bench.
    every bucket, then `save`). Timed on its own: `filter_rebuild_s`.
 4. Both homes ingest the same files of fresh events (`--growth-batches` files of about `--growth-batch-records`
    records: events plus 10% publisher retries, event times inside the loaded span), one `run_micro_batch` per
-   file, the two homes alternately, each batch after `settle` (disk write-back, JVM garbage collection). Each
-   `run_micro_batch` is timed (plan, read, validate, dedup, commit,
+   file: first every batch of the home with the fast path, then every batch of the one without (interleaved, a
+   fast-path batch after a 10 M-row MERGE paid for that MERGE's garbage, and the ratio measured the neighbour
+   rather than the table's size). Each batch starts once the disk has written back the writes before it
+   (`os.sync`). Each `run_micro_batch` is timed (plan, read, validate, dedup, commit,
    checkpoint); the figure per home is the median.
 5. Checked, not timed: each raw table then holds N + the distinct fresh events, all of them distinct.
 
@@ -55,7 +57,7 @@ RETRY_FRACTION = 0.10
 HOUR_MS = 3_600_000
 LOADED_HOURS = 20  # the bulk rows' event times: the 20 hours before the newest test event (horizon: 24 h)
 FRESH_HOURS = 6  # the test events' event times: the last 6 of those hours
-VARIANTS = ("without", "with")
+VARIANTS = ("with", "without")
 TIMED = ("each run_micro_batch of the test files (plan, read, validate, dedup, commit, checkpoint); the filter "
          "rebuild (IdFilterStore.load + save, every bucket) separately; not the bulk load, copy or checks")
 
@@ -123,14 +125,6 @@ def bulk_load(spark: SparkSession, source: SourceRuntime, rows: int, end_ms: int
     )
 
 
-def settle(spark: SparkSession) -> None:
-    """Before a timed batch: the disk has written back, and the JVM has collected, what the batch before left.
-    Without it a fast-path batch after a 10 M-row MERGE paid for that MERGE's garbage, and the ratio measured the
-    neighbour rather than the table's size."""
-    os.sync()
-    spark.sparkContext._jvm.java.lang.System.gc()
-
-
 def rebuild_filters(source: SourceRuntime) -> tuple[float, int]:
     """Rebuild the ID filters from the table and persist them, as a first fast-path batch does (horizon floor
     None: every bucket); seconds taken and buckets built."""
@@ -176,9 +170,9 @@ def measure(
     seconds: dict[str, list[float]] = {name: [] for name in VARIANTS}
     inserted = dict.fromkeys(VARIANTS, 0)
     fast_path: list[dict[str, Any]] = []
-    for batch in range(1, batches + 1):
-        for name in VARIANTS if batch % 2 else VARIANTS[::-1]:
-            settle(spark)
+    for name in VARIANTS:
+        for batch in range(1, batches + 1):
+            os.sync()  # the bulk load's and the batch before's writes are on disk: a checkpoint's fsync waits for none
             start = time.perf_counter()
             result = run_micro_batch(lambda: spark, sources[name])
             elapsed = time.perf_counter() - start
