@@ -81,7 +81,8 @@ def build(
         return summary[contender]["duplicates_after_replay"] if contender in summary else None
 
     onceflow = rps("exactly_once")
-    by_round = {other: round_ratios(summary, "exactly_once", other) for other in ("at_least_once", "streaming_dedup")}
+    by_round = {other: round_ratios(summary, "exactly_once", other)
+                for other in ("at_least_once", "streaming_dedup")}
     failures = sorted({f for r in runs if r["contender"] in peer.CONTENDERS for f in r["replay"].get("failed_runs", [])})
     return {
         "benchmark": "onceflow ingest: modes, Structured Streaming peer, floor",

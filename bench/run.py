@@ -9,7 +9,8 @@ One process, one Spark session (started before any timing), one generated data s
 
 After a discarded warm-up round of every contender on the same data, the rounds alternate all contenders, in that
 order and then in reverse (see `run_contenders`), each run starting once the disk has written back the runs
-before it (`os.sync`); each figure is the median records/s per contender. Only the ingest itself is timed (see each module). After
+before it (`os.sync`); each figure is the median records/s per contender. Only the ingest itself is timed (see
+each module). After
 each timed run of `exactly_once` and of the streams, the last batch is replayed as after a crash between the sink
 commit and the checkpoint update, and the duplicates the table then holds are counted (not timed).
 

@@ -63,8 +63,8 @@ def create_table_once(
     except TableNotFoundError:
         pass
     try:
-        DeltaTable.create(path, Schema.from_json(schema.json()), mode="error", partition_by=list(partitioned_by) or None,
-                          configuration=properties)
+        DeltaTable.create(path, Schema.from_json(schema.json()), mode="error",
+                          partition_by=list(partitioned_by) or None, configuration=properties)
     except Exception:
         # The winner of the race may still be writing its first commit when this create fails: give it a moment.
         for _ in range(CREATE_RACE_CHECKS):

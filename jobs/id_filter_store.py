@@ -71,23 +71,22 @@ class IdFilterStore:
     def save(self, filters: IdFilters) -> None:
         """Write the buckets changed since the manifest the filters were read from, then a manifest naming those
         and that manifest's files for the rest, stamped with the filters' version."""
-        base = filters.base
-        kept = {b for b in filters.buckets
-                if base is not None and b in base.buckets and b in base.digests and b not in filters.unsaved}
-        names = {b: base.buckets[b] for b in kept} if base is not None else {}
-        digests = {b: base.digests[b] for b in kept} if base is not None else {}
+        base = filters.base or FilterManifest(scheme=SCHEME, version=-1)  # built from the table: nothing to keep
+        kept = {b for b in filters.buckets if b in base.buckets and b in base.digests and b not in filters.unsaved}
+        names = {b: base.buckets[b] for b in kept}
+        digests = {b: base.digests[b] for b in kept}
         for bucket in set(filters.buckets) - kept:
             name, data = f"{bucket}-{filters.version}.bloom", filters.buckets[bucket].words.tobytes()
             self.store.write(f"{self.key}/{name}", data)
             names[bucket], digests[bucket] = name, hashlib.sha256(data).hexdigest()
-        manifest = FilterManifest(scheme=SCHEME, version=filters.version, covered_from=filters.covered_from, buckets=names,
-                             counts={b: filters.buckets[b].count for b in names}, digests=digests)
+        manifest = FilterManifest(scheme=SCHEME, version=filters.version, covered_from=filters.covered_from,
+                                  buckets=names, counts={b: filters.buckets[b].count for b in names}, digests=digests)
         old = self._manifest()
         self.store.write(f"{self.key}/manifest.json", manifest.model_dump_json().encode())
         filters.base, filters.unsaved = manifest, set()
         with self._held_lock:
             self._held[self.table_path] = filters
-        replaced = {*(old.buckets.values() if old is not None else ()), *(base.buckets.values() if base else ())}
+        replaced = {*(old.buckets.values() if old is not None else ()), *base.buckets.values()}
         for name in replaced - set(names.values()):
             self.store.delete(f"{self.key}/{name}")
 

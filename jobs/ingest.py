@@ -74,8 +74,7 @@ def bucket_of(column: str) -> str:
 def raw_schema(record_schema: T.StructType) -> T.StructType:
     """The raw table's columns: `record_id`, `event_time`, the record schema's fields, then onceflow's bookkeeping."""
     return T.StructType([
-        T.StructField("record_id", T.StringType(), nullable=False),
-        T.StructField("event_time", T.TimestampType(), nullable=False),
+        *parse_schema("record_id STRING NOT NULL, event_time TIMESTAMP NOT NULL").fields,
         *record_schema.fields,
         *parse_schema("payload STRING, source_position STRING, publish_time TIMESTAMP, batch_id BIGINT, "
                       "ingested_at TIMESTAMP, time_bucket BIGINT NOT NULL").fields,

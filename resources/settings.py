@@ -35,7 +35,9 @@ class Settings(BaseSettings):
 
     home: str = Field(default=".onceflow", description="Root of the lake, landing files, checkpoints, commits.")
     pipelines: str | None = Field(default=None, description="`package.module` whose PIPELINES replace the built-ins.")
-    jars_dir: str | None = Field(default=None, description="Jar cache: Delta's and onceflow's functions (default ~/.cache/onceflow/jars).")
+    jars_dir: str | None = Field(
+        default=None, description="Jar cache: Delta's and onceflow's functions (default ~/.cache/onceflow/jars)."
+    )
     bq_emulator_dir: str | None = Field(default=None, description="The BigQuery emulator's virtualenv cache.")
 
     spark_master: str = "local[2]"
