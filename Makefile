@@ -23,6 +23,7 @@ test: setup
 	$(BIN)/ruff check .
 	command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) || echo "no chromium: tests/test_ui.py skips (fails under CI=true)"
 	$(BIN)/pytest
+	ONCEFLOW_TEST_ENGINE=classic $(BIN)/pytest -m engine_paths
 
 # CHAOS_ITERATIONS faults (30) under a continuous workload; CHAOS_SEED replays a run.
 chaos: setup

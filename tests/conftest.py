@@ -1,4 +1,11 @@
-"""Shared fixtures: one Spark session for the whole run, Google's Pub/Sub emulator, a fresh onceflow home."""
+"""Shared fixtures: one Spark session for the whole run, Google's Pub/Sub emulator, a fresh onceflow home.
+
+The engine path a run proves is `ONCEFLOW_TEST_ENGINE`: `connect` (the default: a warm Spark Connect server that
+this process and every process a test starts connect to) or `classic` (this process builds a local classic
+session, where Delta's writer writes an append's files and delta-rs commits them). One process cannot hold both
+(PySpark picks a session kind per process), so `make test` runs the suite on Connect and then the tests marked
+`engine_paths` again on the classic path.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +26,9 @@ from resources.spark_connect import SparkConnectServer, start_spark_connect_serv
 
 S = TypeVar("S", PubSubEmulator, SparkConnectServer, BigQueryEmulator)
 IN_CI = os.environ.get("CI", "").lower() == "true"
+ENGINE = os.environ.get("ONCEFLOW_TEST_ENGINE", "connect")
+if ENGINE not in ("connect", "classic"):
+    raise ValueError(f"ONCEFLOW_TEST_ENGINE={ENGINE!r}: expected connect or classic")
 
 
 def require(condition: bool, what: str) -> None:
@@ -49,7 +59,23 @@ def spark_connect() -> Iterator[SparkConnectServer]:
 
 
 @pytest.fixture(scope="session")
-def spark(spark_connect: SparkConnectServer) -> Iterator[SparkSession]:
+def engine_path() -> str:
+    """The engine path this run proves: `connect` or `classic` (see the module docstring)."""
+    return ENGINE
+
+
+@pytest.fixture(scope="session")
+def spark(request: pytest.FixtureRequest, engine_path: str) -> Iterator[SparkSession]:
+    if engine_path == "classic":
+        require(shutil.which("java") is not None, "Java 17")
+        with pytest.MonkeyPatch.context() as env:
+            for variable in ("ONCEFLOW_SPARK_REMOTE", "SPARK_REMOTE"):  # processes a test starts are classic too
+                env.delenv(variable, raising=False)
+            session = build_spark_session()
+            yield session
+            session.stop()
+        return
+    spark_connect: SparkConnectServer = request.getfixturevalue("spark_connect")
     session = build_spark_session(remote=spark_connect.url)
     yield session
     if spark_connect.process.poll() is None:  # a client of a dead server retries its goodbye for minutes

@@ -64,6 +64,7 @@ def plan_next(source: SourceRuntime):
     return source.reader.next_plan(source.checkpoints.load(), None)
 
 
+@pytest.mark.engine_paths
 def test_files_land_exactly_once_with_dead_letters(spark: SparkSession, incoming: Path, home: Path) -> None:
     events = seed_files(incoming)
     pipeline = builtin("events")
@@ -129,6 +130,7 @@ def test_a_batch_is_exactly_what_was_planned_before_a_crash(spark: SparkSession,
     assert read_rows(source.raw_path, RAW) == expected_raw(events + late)
 
 
+@pytest.mark.engine_paths
 def test_crash_after_merge_then_rerun_gives_the_same_table(
     spark: SparkSession, incoming: Path, home: Path
 ) -> None:
