@@ -25,9 +25,9 @@ test: setup
 	$(BIN)/pytest
 	ONCEFLOW_TEST_ENGINE=classic $(BIN)/pytest -m engine_paths
 
-# CHAOS_ITERATIONS faults (30) under a continuous workload; CHAOS_SEED replays a run.
+# CHAOS_ITERATIONS faults (30) under a continuous workload, on each of CHAOS_ENGINES (both engine paths); CHAOS_SEED replays a run.
 chaos: setup
-	$(BIN)/python -m tests.chaos.harness --iterations $${CHAOS_ITERATIONS:-30} $${CHAOS_SEED:+--seed $$CHAOS_SEED}
+	for engine in $${CHAOS_ENGINES:-connect classic}; do $(BIN)/python -m tests.chaos.harness --engine $$engine --iterations $${CHAOS_ITERATIONS:-30} $${CHAOS_SEED:+--seed $$CHAOS_SEED} || exit 1; done
 
 dev: setup
 	DAGSTER_HOME=$(ONCEFLOW_HOME)/dagster $(BIN)/onceflow dev

@@ -159,7 +159,7 @@ def run_streaming(
             print(f"  {name}: {value:.1f}s", flush=True)
         _record_latencies(latencies)
         ok = all(checks.values())
-        print(f"\nexactly-once {'held' if ok else 'VIOLATED'}", flush=True)
+        print(f"\nexactly-once {'held' if ok else 'VIOLATED'} (engine path: {stack.engine_path})", flush=True)
         return StreamingResult(ok, sorted(expected.on_time), expected, killed, latencies, stack.home)
 
 

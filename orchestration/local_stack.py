@@ -1,6 +1,7 @@
 """A whole onceflow installation on this machine, for the demo and the chaos harness: Google's Pub/Sub emulator,
-a warm Spark Connect engine, the BigQuery emulator (when it can be set up), a temporary Dagster instance with the
-project's `dagster.yaml`, and a real `dagster-daemon` running the sensors and launching their runs.
+a warm Spark Connect engine (or, on the classic engine path, none: every run builds its own local Spark session,
+whose appends delta-rs commits), the BigQuery emulator (when it can be set up), a temporary Dagster instance with
+the project's `dagster.yaml`, and a real `dagster-daemon` running the sensors and launching their runs.
 
 Everything binds to 127.0.0.1; everything is stopped (process groups, children included) when the block ends.
 The process environment is the stack's while the block runs, so code in the block (and every process it starts)
@@ -41,7 +42,7 @@ class LocalStack:
     workdir: Path
     instance: dg.DagsterInstance
     pubsub: PubSubEmulator
-    spark_remote: str
+    spark_remote: str | None  # None on the classic engine path
     engines: list[SparkConnectServer]  # the engine it started, if any, as a list so a restart can replace it
     bigquery: BigQueryEmulator | None
     daemon: subprocess.Popen[bytes]
@@ -49,6 +50,11 @@ class LocalStack:
     @property
     def home(self) -> Path:
         return self.workdir / "home"
+
+    @property
+    def engine_path(self) -> str:
+        """`connect` (every process a client of one warm engine) or `classic` (a local session per process)."""
+        return "classic" if self.spark_remote is None else "connect"
 
     @property
     def lake(self) -> LakeResource:
@@ -73,9 +79,13 @@ def local_stack(
     spark_remote: str | None = None,
     keep: bool = False,
     say: Callable[[str], None] = print,
+    engine_path: str = "connect",
 ) -> Iterator[LocalStack]:
     """Start the stack with `settings` (`ONCEFLOW_*` variables) on top of a clean environment; see the module
-    docstring. `spark_remote` is an engine to use instead of starting one; `keep` keeps the working directory."""
+    docstring. `spark_remote` is an engine to use instead of starting one (Connect path); `engine_path="classic"`
+    starts none; `keep` keeps the working directory."""
+    if engine_path not in ("connect", "classic"):
+        raise ValueError(f"engine_path={engine_path!r}: expected connect or classic")
     workdir = Path(tempfile.mkdtemp(prefix=prefix))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ONCEFLOW_", "SPARK_", "PUBSUB_", "BIGQUERY_"))}
     env.update(settings, ONCEFLOW_HOME=str(workdir / "home"), DAGSTER_HOME=str(workdir / "dagster"))
@@ -86,18 +96,21 @@ def local_stack(
     os.environ.update(env)
     stops: list[Callable[[], None]] = []
     try:
-        say("starting the Pub/Sub emulator, the Spark Connect engine and the BigQuery emulator")
+        say(f"starting the Pub/Sub emulator, the BigQuery emulator and the Spark engine path: {engine_path}")
         pubsub = start_pubsub_emulator()
         stops.append(pubsub.stop)
         os.environ["PUBSUB_EMULATOR_HOST"] = pubsub.host
         engines: list[SparkConnectServer] = []
-        if spark_remote is None:
+        if engine_path == "classic":
+            spark_remote = None
+        elif spark_remote is None:
             engines.append(start_spark_connect_server())
             spark_remote = engines[0].url
             stops.append(lambda: engines[0].stop())
             # Released while its engine is up: at exit, a client whose server is gone retries for ten minutes.
             stops.append(build_spark_session(remote=spark_remote).stop)
-        os.environ["ONCEFLOW_SPARK_REMOTE"] = spark_remote
+        if spark_remote is not None:
+            os.environ["ONCEFLOW_SPARK_REMOTE"] = spark_remote
         bigquery = _bigquery(settings, say)
         if bigquery is not None:
             stops.append(bigquery.stop)

@@ -34,7 +34,7 @@ def retry_pending(instance: dg.DagsterInstance, run: dg.DagsterRun) -> bool:
 
 def reap_if_dead(instance: dg.DagsterInstance, run: dg.DagsterRun) -> bool:
     """Report `run` failed if it is marked running but its process is gone; whether it was."""
-    if run.status not in (dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING) or not worker_gone(run.tags):
+    if run.status not in (dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING) or not worker_gone(run.run_id, run.tags):
         return False
     instance.report_run_failed(
         run, message=f"onceflow: the run's process {run.tags.get(PID_TAG)} is gone (killed without reporting)"

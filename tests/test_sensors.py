@@ -7,20 +7,19 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import dagster as dg
-import psutil
 import pytest
 from dagster._core.test_utils import create_run_for_test
 
 from jobs.declaration import Pipeline
 from jobs.panes import CloseStore, PaneClose, Window
 from jobs.publish import publish_pane
+from jobs.run_worker import worker_tags
 from jobs.source_reader import open_source
 from orchestration.micro_batch_sensor import BATCH_TAG, build_micro_batch_sensor
 from orchestration.runs import build_dead_run_sensor, in_flight
@@ -172,12 +171,14 @@ def launch(instance: dg.DagsterInstance, requests: list[dg.RunRequest]) -> list[
 def test_a_run_whose_process_is_gone_is_reported_failed_and_not_in_flight(instance: dg.DagsterInstance) -> None:
     # A run marked started by a process that was then killed without reporting (a `dagster job execute` killed).
     worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    tags = {"onceflow/host": socket.gethostname(), "onceflow/pid": str(worker.pid),
-            "onceflow/pid_started": f"{psutil.Process(worker.pid).create_time():.3f}"}
-    dead = create_run_for_test(instance, job_name="ingest_events", status=dg.DagsterRunStatus.STARTED, tags=tags)
-    alive = create_run_for_test(instance, job_name="ingest_events", status=dg.DagsterRunStatus.STARTED,
-                                tags={**tags, "onceflow/pid": str(os.getpid()),
-                                      "onceflow/pid_started": f"{psutil.Process().create_time():.3f}"})
+    dead = create_run_for_test(instance, job_name="ingest_events", status=dg.DagsterRunStatus.STARTED)
+    instance.add_run_tags(dead.run_id, worker_tags(dead.run_id, worker.pid))
+    alive = create_run_for_test(instance, job_name="ingest_events", status=dg.DagsterRunStatus.STARTED)
+    instance.add_run_tags(alive.run_id, worker_tags(alive.run_id, os.getpid()))
+    # Dagster's automatic retry of the dead run carries its tags, pid included, until its own worker starts.
+    retry = create_run_for_test(instance, job_name="ingest_events", status=dg.DagsterRunStatus.STARTING,
+                                tags=worker_tags(dead.run_id, worker.pid))
+    dead = instance.get_run_by_id(dead.run_id)
     assert in_flight(instance, [dead]) is not None  # its process still runs
     worker.kill()
     worker.wait()
@@ -186,5 +187,7 @@ def test_a_run_whose_process_is_gone_is_reported_failed_and_not_in_flight(instan
     assert instance.get_run_by_id(dead.run_id).status == dg.DagsterRunStatus.FAILURE
     assert "is gone" in str([e.message for e in instance.all_logs(dead.run_id)])
     skipped = build_dead_run_sensor()(dg.build_sensor_context(instance=instance))
-    assert "no dead runs" in skipped.skip_message  # the live one stays
+    assert "no dead runs" in skipped.skip_message  # the live one stays, and so does the retry
     assert instance.get_run_by_id(alive.run_id).status == dg.DagsterRunStatus.STARTED
+    assert instance.get_run_by_id(retry.run_id).status == dg.DagsterRunStatus.STARTING
+    assert in_flight(instance, [instance.get_run_by_id(retry.run_id)]) is not None

@@ -7,10 +7,11 @@ are over and everything has settled, the end state is read with independent read
 sent: raw and dead letters with delta-rs against the publishers' own records, every window against its pinned
 input and its published files (`onceflow verify`'s reconciliation), BigQuery against the window table.
 
-    python -m tests.chaos.harness --iterations 30 [--seed N]      # what `make chaos` runs
+    python -m tests.chaos.harness --iterations 30 [--seed N] [--engine connect|classic]   # what `make chaos` runs
 
-prints one summary line (faults by kind, records published, `lost 0, duplicated 0`, the seed); a failing seed
-replays with `--seed`.
+prints one summary line (the engine path it proved, faults by kind, records published, `lost 0, duplicated 0`,
+the seed); a failing seed replays with `--seed`. `--engine classic` runs every run on its own local Spark session
+(Delta's writer writes, delta-rs commits) instead of as a client of one warm Spark Connect engine.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ SETTINGS = {
 @dataclass
 class ChaosReport:
     seed: int
+    engine_path: str
     faults: Counter[str]
     published: int = 0
     records: int = 0
@@ -76,16 +78,18 @@ class ChaosReport:
 
     def summary(self) -> str:
         kinds = ", ".join(f"{k} {n}" for k, n in sorted(self.faults.items())) or "none"
-        return (f"chaos seed {self.seed}: {sum(self.faults.values())} faults ({kinds}); {self.published} messages "
+        return (f"chaos seed {self.seed} on the {self.engine_path} engine path: {sum(self.faults.values())} faults ({kinds}); {self.published} messages "
                 f"published ({self.records} records, {self.malformed} malformed) over 2 pipelines; "
                 f"lost {len(self.lost)}, duplicated {len(self.duplicated)}; {len(self.problems)} other problems; "
                 f"{self.elapsed_s:.0f}s")
 
 
-def run_chaos(iterations: int, seed: int, publish_s: float = 60.0, settle_s: float = 600.0) -> ChaosReport:
+def run_chaos(
+    iterations: int, seed: int, publish_s: float = 60.0, settle_s: float = 600.0, engine_path: str = "connect"
+) -> ChaosReport:
     started = time.monotonic()
     # The working directory (instance, lake, logs) is kept for inspection; removed when the run held.
-    with local_stack(SETTINGS, "onceflow-chaos-", keep=True, say=_say) as stack:
+    with local_stack(SETTINGS, "onceflow-chaos-", keep=True, say=_say, engine_path=engine_path) as stack:
         workdir = stack.workdir
         settings = load_settings()
         pipelines = load_pipelines(settings)
@@ -106,7 +110,7 @@ def run_chaos(iterations: int, seed: int, publish_s: float = 60.0, settle_s: flo
         for thread in (events, orders, faults):
             if thread.error is not None:
                 raise thread.error
-        report = ChaosReport(seed, faults.log.injected, events.expected.messages + orders.sent.messages)
+        report = ChaosReport(seed, stack.engine_path, faults.log.injected, events.expected.messages + orders.sent.messages)
         for note in faults.log.notes:
             print(f"  {note}", flush=True)
         _account(stack, pipelines, report, {
@@ -166,7 +170,7 @@ def _unpublished(stack: LocalStack, pipelines: list, commits: CommitStore) -> li
 
 def _account(stack: LocalStack, pipelines: list, report: ChaosReport, sent: dict) -> None:
     """Compare the end state with what was sent, with independent readers."""
-    spark = build_spark_session(remote=stack.spark_remote)
+    spark = build_spark_session(remote=stack.spark_remote)  # a local session on the classic path
     for pipeline in pipelines:
         valid, malformed = sent[pipeline.name]
         report.records += len(valid)
@@ -228,9 +232,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--publish-s", type=float, default=None)
+    parser.add_argument("--engine", choices=("connect", "classic"), default="connect")
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10**6)
-    report = run_chaos(args.iterations, seed, publish_s=args.publish_s or max(60.0, 8.0 * args.iterations))
+    report = run_chaos(args.iterations, seed, publish_s=args.publish_s or max(60.0, 8.0 * args.iterations),
+                       engine_path=args.engine)
     for problem in report.problems[:20]:
         print(f"  problem: {problem}")
     print(report.summary(), flush=True)
