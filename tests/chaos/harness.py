@@ -57,6 +57,10 @@ SETTINGS = {
     "ONCEFLOW_IDLE_TICK_S": "5",
     "ONCEFLOW_BIGQUERY_DATASET": "onceflow_chaos",
 }
+CLASSIC_SETTINGS = {
+    # Each classic run starts a Spark of its own: a run keeps taking batches for a while, as `make demo`'s do.
+    "ONCEFLOW_MICRO_BATCH_RUN_S": "30",
+}
 
 
 @dataclass
@@ -89,7 +93,8 @@ def run_chaos(
 ) -> ChaosReport:
     started = time.monotonic()
     # The working directory (instance, lake, logs) is kept for inspection; removed when the run held.
-    with local_stack(SETTINGS, "onceflow-chaos-", keep=True, say=_say, engine_path=engine_path) as stack:
+    settings = SETTINGS | (CLASSIC_SETTINGS if engine_path == "classic" else {})
+    with local_stack(settings, "onceflow-chaos-", keep=True, say=_say, engine_path=engine_path) as stack:
         workdir = stack.workdir
         settings = load_settings()
         pipelines = load_pipelines(settings)

@@ -1,9 +1,9 @@
-"""The chaos harness's short run, part of `make test`, once per engine path: `CHAOS_ITERATIONS` (default 5)
-overlapping faults under a continuous workload, then lost 0, duplicated 0 and every window reconciled. `make
-chaos` runs 30.
+"""The chaos harness's short run, part of `make test` on each engine path (it is an `engine_paths` test):
+`CHAOS_ITERATIONS` (default 5) overlapping faults under a continuous workload, then lost 0, duplicated 0 and every
+window reconciled. `make chaos` runs 30 on each path.
 
-Each path runs the harness in a process of its own: a process holds one kind of Spark session, and the harness's
-own account reads with one of the path it proves.
+The harness runs in a process of its own: its account reads with a Spark session of the path it proves, and a
+process holds one kind of session.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from tests.conftest import require
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize("engine_path", ["connect", "classic"])
+@pytest.mark.engine_paths
 def test_exactly_once_under_overlapping_faults(engine_path: str) -> None:
     require(shutil.which("java") is not None, "Java 17")
     require(shutil.which("gcloud") is not None, "the Google Cloud CLI's Pub/Sub emulator")
     seed = int(os.environ.get("CHAOS_SEED") or random.SystemRandom().randrange(10**6))
-    iterations = os.environ.get("CHAOS_ITERATIONS", "5")
+    iterations = os.environ.get("CHAOS_ITERATIONS", "5")  # the harness starts its own engine, if any
     env = {k: v for k, v in os.environ.items() if k not in ("ONCEFLOW_SPARK_REMOTE", "SPARK_REMOTE",
                                                             "SPARK_CONNECT_MODE_ENABLED")}
     run = subprocess.run(
