@@ -16,6 +16,7 @@ import json
 import os
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -37,6 +38,8 @@ _created: set[str] = set()
 _starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onceflow-delta-txn")
 CREATE_RACE_CHECKS = 20
 # How Delta names the conflicts of two writers committing at once (class names, or error classes over Connect).
+_NEWER_COMMIT = "DELTA_CONCURRENT_COMMIT_AFTER_READ"
+"""Names the conflict `_merge_on_version` raises itself (Delta's error classes share the prefix)."""
 _CONFLICTS = ("DELTA_CONCURRENT_", "ConcurrentAppendException", "ConcurrentTransactionException",
               "ConcurrentDeleteReadException", "ConcurrentDeleteDeleteException", "MetadataChangedException")
 
@@ -133,11 +136,14 @@ def append_once(
     transactions first, and a concurrent commit of the same `(app_id, version)` makes this one fail (delta-rs's
     conflict check, as Spark's): exactly as safe as Delta's `txnAppId` append, but without the Spark state
     reconstruction that append runs to read the transactions (about 0.4 s a commit, growing with the table).
-    Over Spark Connect, whose client cannot reach Delta's writer, Delta's `txnAppId` append does it all.
+    Over Spark Connect, whose client cannot reach Delta's writer, Delta's `txnAppId` append does it all, or with
+    `read_version` an insert-only MERGE that conflicts with every commit since (`_merge_on_version`).
     """
     if holds_batch(path, app_id, version):
         return False
     text = json.dumps(metadata, sort_keys=True)
+    if not hasattr(df, "_jdf") and read_version is not None:  # a Spark Connect DataFrame, decided on a version
+        return _merge_on_version(df, path, app_id, version, metadata, read_version)
     if not hasattr(df, "_jdf"):  # a Spark Connect DataFrame
         (df.write.format("delta").mode("append").option("txnAppId", app_id).option("txnVersion", version)
          .option("userMetadata", text).save(path))
@@ -165,6 +171,35 @@ def append_once(
         ),
     )
     return True
+
+
+def _merge_on_version(
+    df: DataFrame, path: str, app_id: str, version: int, metadata: dict[str, Any], read_version: int
+) -> bool:
+    """Over Spark Connect, append `df` as the transaction `(app_id, version)` unless any commit followed version
+    `read_version` (then a conflict error); False when the table has committed the transaction already.
+
+    Delta's `txnAppId` append is blind: it commits beside any concurrent commit. This is an insert-only MERGE
+    instead, whose match condition names a record ID no file's statistics admit (so it reads next to nothing) yet
+    makes Delta record a read of the whole table: any file a later commit adds, whatever its app id, conflicts
+    with it. Its source checks, once the MERGE's transaction has taken its snapshot, that the table has no commit
+    after `read_version`; the two together leave no commit since the rows were found new unchecked.
+    """
+    spark = df.sparkSession
+    view = f"onceflow_append_{uuid.uuid4().hex}"
+    df.createOrReplaceTempView(view)
+    newer = f"reflect('io.onceflow.DeltaCommits', 'exists', '{path}', CAST({read_version + 1} AS BIGINT))"
+    guarded = (f"SELECT * FROM {view} WHERE CASE WHEN (SELECT {newer}) = 'true' THEN raise_error("
+               f"'{_NEWER_COMMIT}: {path} has a commit after version {read_version}') ELSE true END")
+    try:
+        with delta_transaction(spark, app_id, version, metadata):
+            answer = spark.sql(
+                f"MERGE INTO delta.`{path}` t USING ({guarded}) s ON t.record_id = '' AND t.record_id = s.record_id "
+                "WHEN NOT MATCHED THEN INSERT *"
+            ).collect()
+    finally:
+        spark.catalog.dropTempView(view)
+    return bool(answer)  # Delta skips a MERGE whose SetTransaction it has seen: no result row, no commit
 
 
 def _write_files(df: DataFrame, path: str, begun: Future | None) -> tuple[int, list[AddAction]]:
