@@ -37,9 +37,9 @@ _lock = threading.Lock()
 _created: set[str] = set()
 _starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onceflow-delta-txn")
 CREATE_RACE_CHECKS = 20
-# How Delta names the conflicts of two writers committing at once (class names, or error classes over Connect).
 _NEWER_COMMIT = "DELTA_CONCURRENT_COMMIT_AFTER_READ"
 """Names the conflict `_merge_on_version` raises itself (Delta's error classes share the prefix)."""
+# How Delta names the conflicts of two writers committing at once (class names, or error classes over Connect).
 _CONFLICTS = ("DELTA_CONCURRENT_", "ConcurrentAppendException", "ConcurrentTransactionException",
               "ConcurrentDeleteReadException", "ConcurrentDeleteDeleteException", "MetadataChangedException")
 
@@ -141,9 +141,9 @@ def append_once(
     """
     if holds_batch(path, app_id, version):
         return False
-    text = json.dumps(metadata, sort_keys=True)
     if not hasattr(df, "_jdf") and read_version is not None:  # a Spark Connect DataFrame, decided on a version
         return _merge_on_version(df, path, app_id, version, metadata, read_version)
+    text = json.dumps(metadata, sort_keys=True)
     if not hasattr(df, "_jdf"):  # a Spark Connect DataFrame
         (df.write.format("delta").mode("append").option("txnAppId", app_id).option("txnVersion", version)
          .option("userMetadata", text).save(path))
