@@ -6,8 +6,8 @@ settings; they are set and cleared around exactly one command under a lock, so n
 ever share them. Appends (`append_once`) have Delta's writer write the files and delta-rs commit them with the
 SetTransaction (see there).
 
-Also here: the version a table holds for an app id (read from its log), how Delta names a lost commit race, the
-metrics of the commit that did a batch's work, and the retention every onceflow table is created with.
+Also here: how Delta names a lost commit race, and the retention every onceflow table is created with (what the
+log says about commits is `jobs.commit_log`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
@@ -25,8 +26,9 @@ from deltalake import DeltaTable, Schema
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import AddAction, CommitProperties, Transaction
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql import types as T
+
+from jobs.commit_log import ATTEMPT_KEY, committing_attempt, holds_batch
 
 _APP_ID = "spark.databricks.delta.write.txnAppId"
 _VERSION = "spark.databricks.delta.write.txnVersion"
@@ -35,6 +37,8 @@ _lock = threading.Lock()
 _created: set[str] = set()
 _starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onceflow-delta-txn")
 CREATE_RACE_CHECKS = 20
+_NEWER_COMMIT = "DELTA_CONCURRENT_COMMIT_AFTER_READ"
+"""Names the conflict `_merge_on_version` raises itself (Delta's error classes share the prefix)."""
 # How Delta names the conflicts of two writers committing at once (class names, or error classes over Connect).
 _CONFLICTS = ("DELTA_CONCURRENT_", "ConcurrentAppendException", "ConcurrentTransactionException",
               "ConcurrentDeleteReadException", "ConcurrentDeleteDeleteException", "MetadataChangedException")
@@ -77,40 +81,6 @@ def create_table_once(
     _created.add(path)
 
 
-def committed_batch(path: str, app_id: str) -> int | None:
-    """The SetTransaction version the table at `path` holds for `app_id` (read from its log), None if none.
-
-    Read with delta-rs straight from the log: no Spark session needed, and the same on every replay.
-    """
-    try:
-        return DeltaTable(path).transaction_version(app_id)
-    except TableNotFoundError:
-        return None
-
-
-def committed_metadata(path: str, app_id: str, versions: Collection[int]) -> dict[int, dict[str, Any]]:
-    """The metadata the commits of `(app_id, v)` for v in `versions` carried (see `delta_transaction`), by version,
-    read from the table's log with delta-rs in one pass; a version the table holds no commit of (yet, or any
-    more) is absent."""
-    wanted, found = set(versions), {}
-    try:
-        history = DeltaTable(path).history() if wanted else []
-    except TableNotFoundError:
-        return found
-    for commit in history:
-        try:
-            metadata = json.loads(commit.get("userMetadata") or "{}")
-        except json.JSONDecodeError:
-            continue  # a commit made by someone else, with metadata of their own
-        version = metadata.get("onceflow_batch")
-        if metadata.get("onceflow_source") == app_id and version in wanted:
-            found[version] = metadata
-            wanted.discard(version)
-            if not wanted:
-                break
-    return found
-
-
 @contextmanager
 def delta_transaction(spark: SparkSession, app_id: str, version: int, metadata: dict[str, Any]) -> Iterator[None]:
     """Run one Delta SQL command inside the block as the idempotent transaction `(app_id, version)`."""
@@ -150,32 +120,43 @@ def begin_append(spark: SparkSession, path: str, prepare: Callable[[], None] | N
 
 
 def append_once(
-    df: DataFrame, path: str, app_id: str, version: int, metadata: dict[str, Any], begun: Future | None = None
+    df: DataFrame, path: str, app_id: str, version: int, metadata: dict[str, Any], begun: Future | None = None,
+    read_version: int | None = None,
 ) -> bool:
     """Append `df` to the Delta table at `path` as the transaction `(app_id, version)`; False (nothing written) when
-    the table has committed that transaction already. `begun` is the table's `begin_append`, if started.
+    the table has committed that transaction already (`metadata[ATTEMPT_KEY]`, when given, tells this attempt's
+    commit from another's). `begun` is the table's `begin_append`, if started.
+
+    `read_version`: the table version the rows were found new against. The commit is then made on that version
+    and fails (`CommitFailedError`) if any writer, whatever its app id, committed since: a blind append rebased
+    over a commit that added one of its IDs would hold that ID twice. The caller decides again and retries.
 
     On a classic session Delta's own writer writes the files (partitioned, with its statistics and constraint
     checks) without committing, and delta-rs commits them with the SetTransaction. Both read the table's
     transactions first, and a concurrent commit of the same `(app_id, version)` makes this one fail (delta-rs's
     conflict check, as Spark's): exactly as safe as Delta's `txnAppId` append, but without the Spark state
     reconstruction that append runs to read the transactions (about 0.4 s a commit, growing with the table).
-    Over Spark Connect, whose client cannot reach Delta's writer, Delta's `txnAppId` append does it all.
+    Over Spark Connect, whose client cannot reach Delta's writer, Delta's `txnAppId` append does it all, or with
+    `read_version` an insert-only MERGE that conflicts with every commit since (`_merge_on_version`).
     """
-    if (committed_batch(path, app_id) or 0) >= version:
+    if holds_batch(path, app_id, version):
         return False
+    if not hasattr(df, "_jdf") and read_version is not None:  # a Spark Connect DataFrame, decided on a version
+        return _merge_on_version(df, path, app_id, version, metadata, read_version)
     text = json.dumps(metadata, sort_keys=True)
     if not hasattr(df, "_jdf"):  # a Spark Connect DataFrame
         (df.write.format("delta").mode("append").option("txnAppId", app_id).option("txnVersion", version)
          .option("userMetadata", text).save(path))
-        return True
-    read_version, adds = _write_files(df, path, begun)
-    table = DeltaTable(path)
-    if (table.transaction_version(app_id) or 0) >= version:
+        # Delta skips an append whose transaction it has seen without saying so: the commit says whose it is.
+        return ATTEMPT_KEY not in metadata or committing_attempt(path, app_id, version) == metadata[ATTEMPT_KEY]
+    written_for, adds = _write_files(df, path, begun)
+    table = DeltaTable(path) if read_version is None else DeltaTable(path, version=read_version)
+    if holds_batch(path, app_id, version):
         return False  # committed meanwhile; the files just written stay unreferenced until VACUUM removes them
-    if table.version() > read_version and _definition(DeltaTable(path, version=read_version)) != _definition(table):
+    latest = DeltaTable(path) if read_version is not None else table
+    if latest.version() > written_for and _definition(DeltaTable(path, version=written_for)) != _definition(latest):
         # Written for a schema, constraints or protocol the table no longer has: Spark would refuse the commit too.
-        raise CommitFailedError(f"{path}: the table was redefined after version {read_version}, which this append "
+        raise CommitFailedError(f"{path}: the table was redefined after version {written_for}, which this append "
                                 "was written for")
     rows = sum(json.loads(add.stats)["numRecords"] for add in adds)
     metrics = {"numFiles": str(len(adds)), "numOutputRows": str(rows),
@@ -185,9 +166,40 @@ def append_once(
         commit_properties=CommitProperties(
             custom_metadata={"userMetadata": text, "operationMetrics": metrics},
             app_transactions=[Transaction(app_id, version)],
+            # On the version the rows were found new against, any commit since is a conflict, never a rebase.
+            max_commit_retries=0 if read_version is not None else None,
         ),
     )
     return True
+
+
+def _merge_on_version(
+    df: DataFrame, path: str, app_id: str, version: int, metadata: dict[str, Any], read_version: int
+) -> bool:
+    """Over Spark Connect, append `df` as the transaction `(app_id, version)` unless any commit followed version
+    `read_version` (then a conflict error); False when the table has committed the transaction already.
+
+    Delta's `txnAppId` append is blind: it commits beside any concurrent commit. This is an insert-only MERGE
+    instead, whose match condition names a record ID no file's statistics admit (so it reads next to nothing) yet
+    makes Delta record a read of the whole table: any file a later commit adds, whatever its app id, conflicts
+    with it. Its source checks, once the MERGE's transaction has taken its snapshot, that the table has no commit
+    after `read_version`; the two together leave no commit since the rows were found new unchecked.
+    """
+    spark = df.sparkSession
+    view = f"onceflow_append_{uuid.uuid4().hex}"
+    df.createOrReplaceTempView(view)
+    newer = f"reflect('io.onceflow.DeltaCommits', 'exists', '{path}', CAST({read_version + 1} AS BIGINT))"
+    guarded = (f"SELECT * FROM {view} WHERE CASE WHEN (SELECT {newer}) = 'true' THEN raise_error("
+               f"'{_NEWER_COMMIT}: {path} has a commit after version {read_version}') ELSE true END")
+    try:
+        with delta_transaction(spark, app_id, version, metadata):
+            answer = spark.sql(
+                f"MERGE INTO delta.`{path}` t USING ({guarded}) s ON t.record_id = '' AND t.record_id = s.record_id "
+                "WHEN NOT MATCHED THEN INSERT *"
+            ).collect()
+    finally:
+        spark.catalog.dropTempView(view)
+    return bool(answer)  # Delta skips a MERGE whose SetTransaction it has seen: no result row, no commit
 
 
 def _write_files(df: DataFrame, path: str, begun: Future | None) -> tuple[int, list[AddAction]]:
@@ -216,39 +228,6 @@ def _definition(table: DeltaTable) -> tuple:
 def latest_version(path: str) -> int:
     """The table's newest version (read from its log with delta-rs: no Spark job)."""
     return DeltaTable(path).version()
-
-
-def own_commit_version(path: str, metadata: dict[str, Any], after: int) -> int:
-    """The version of the commit that carried `metadata` when it is the one right after version `after`, else
-    `after`: the newest version up to which this writer knows every commit."""
-    table = DeltaTable(path)
-    if table.version() != after + 1:
-        return after
-    last = table.history(1)[0]
-    mine = json.loads(last.get("userMetadata") or "{}")
-    same = (mine.get("onceflow_source"), mine.get("onceflow_batch")) == (metadata["onceflow_source"],
-                                                                        metadata["onceflow_batch"])
-    return after + 1 if same else after
-
-
-def committed_metrics(spark: SparkSession, path: str, metadata: dict[str, Any], lookback: int = 1000) -> dict[str, str]:
-    """The operation metrics of the commit that carried `metadata` (an earlier attempt of the same batch).
-
-    A replayed batch writes nothing; its counts are those of the commit that did the work, so totals stay exact
-    however many attempts a batch took.
-    """
-    source, batch = metadata["onceflow_source"], metadata["onceflow_batch"]
-    rows = (
-        spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT {lookback}")
-        .filter((F.get_json_object("userMetadata", "$.onceflow_source") == F.lit(source))
-                & (F.get_json_object("userMetadata", "$.onceflow_batch") == F.lit(str(batch))))
-        .select("operationMetrics")
-        .collect()
-    )
-    if not rows:
-        raise RuntimeError(f"{path}: Delta skipped batch {batch} of {source} as committed, but no commit of it is in "
-                           "the table's history")
-    return dict(rows[0]["operationMetrics"])
 
 
 def table_properties(retention_s: int, stats_columns: tuple[str, ...] = ()) -> dict[str, str]:

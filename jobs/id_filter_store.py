@@ -11,7 +11,7 @@ from typing import ClassVar
 import numpy as np
 from deltalake import DeltaTable
 
-from jobs.id_filters import SCHEME, BucketFilter, FilterManifest, IdFilters, id_hashes
+from jobs.id_filters import SCHEME, BucketFilter, FilterManifest, IdFilters, hash_test_vector, id_hashes
 from jobs.log_ids import ids_added_since
 from resources.object_store import ObjectStore
 
@@ -44,14 +44,14 @@ class IdFilterStore:
     def load(self, floor_bucket: int | None) -> IdFilters:
         """The filters, caught up to the table's current version (rebuilt from the table when unusable)."""
         table = DeltaTable(self.table_path)
-        latest = table.version()
-        filters = self._read(floor_bucket)
+        latest, table_id = table.version(), table.metadata().id
+        filters = self._read(floor_bucket, table_id)
         if filters is None or filters.version > latest:
-            return self._rebuild(latest, floor_bucket)
+            return self._rebuild(latest, floor_bucket, table_id)
         try:
             added = ids_added_since(table, filters.version, latest)
         except FileNotFoundError:  # the log entries since the stamp are gone (log retention): start over
-            return self._rebuild(latest, floor_bucket)
+            return self._rebuild(latest, floor_bucket, table_id)
         filters.add(id_hashes(added["record_id"]), added["time_bucket"].to_numpy())
         filters.caught_up, filters.version = latest - filters.version, latest
         for bucket in [b for b, bloom in filters.buckets.items() if bloom.saturated]:
@@ -79,8 +79,9 @@ class IdFilterStore:
             name, data = f"{bucket}-{filters.version}.bloom", filters.buckets[bucket].words.tobytes()
             self.store.write(f"{self.key}/{name}", data)
             names[bucket], digests[bucket] = name, hashlib.sha256(data).hexdigest()
-        manifest = FilterManifest(scheme=SCHEME, version=filters.version, covered_from=filters.covered_from,
-                                  buckets=names, counts={b: filters.buckets[b].count for b in names}, digests=digests)
+        manifest = FilterManifest(scheme=SCHEME, table_id=filters.table_id, test_vector=hash_test_vector(),
+                                  version=filters.version, covered_from=filters.covered_from, buckets=names,
+                                  counts={b: filters.buckets[b].count for b in names}, digests=digests)
         old = self._manifest()
         self.store.write(f"{self.key}/manifest.json", manifest.model_dump_json().encode())
         filters.base, filters.unsaved = manifest, set()
@@ -100,18 +101,21 @@ class IdFilterStore:
         except ValueError:
             return None
 
-    def _read(self, floor_bucket: int | None) -> IdFilters | None:
+    def _read(self, floor_bucket: int | None, table_id: str) -> IdFilters | None:
         manifest = self._manifest()
         with self._held_lock:
             held = self._held.pop(self.table_path, None)
         if manifest is None or manifest.scheme != SCHEME:
             return None
+        if manifest.table_id != table_id or manifest.test_vector != hash_test_vector():
+            return None  # another table's filters, or hashed otherwise: their bits answer for other IDs
         if not _covers(manifest.covered_from, floor_bucket):
             return None  # asked about older buckets than the filters kept (an older checkpoint's horizon)
         if held is not None and held.base == manifest and _covers(held.covered_from, floor_bucket):
             held.rebuilt, held.caught_up = False, 0
             return held  # descended from the saved manifest, and nobody saved since
-        filters = IdFilters(version=manifest.version, covered_from=manifest.covered_from, base=manifest)
+        filters = IdFilters(version=manifest.version, table_id=table_id, covered_from=manifest.covered_from,
+                            base=manifest)
         for bucket, name in manifest.buckets.items():
             if floor_bucket is not None and bucket < floor_bucket:
                 continue
@@ -122,13 +126,13 @@ class IdFilterStore:
             filters.buckets[bucket] = BucketFilter(words, manifest.counts.get(bucket, 0))
         return filters
 
-    def _rebuild(self, version: int, floor_bucket: int | None) -> IdFilters:
+    def _rebuild(self, version: int, floor_bucket: int | None, table_id: str) -> IdFilters:
         where = None if floor_bucket is None else [("time_bucket", ">=", floor_bucket)]
         buckets = self._filled(version, where)
         log.info(f"{self.key}: ID filters rebuilt from the table at version {version} "
                  f"({sum(b.count for b in buckets.values())} IDs in {len(buckets)} buckets)")
-        return IdFilters(version=version, buckets=buckets, covered_from=floor_bucket, rebuilt=True,
-                         unsaved=set(buckets))
+        return IdFilters(version=version, table_id=table_id, buckets=buckets, covered_from=floor_bucket,
+                         rebuilt=True, unsaved=set(buckets))
 
     def _filled(self, version: int, where: list | None) -> dict[int, BucketFilter]:
         """Filters filled from the table's rows at `version` (those matching `where`), sized with room to grow."""

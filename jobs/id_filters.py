@@ -6,8 +6,9 @@ IDs per time bucket of the raw table, all stamped with the one table version the
 probed against every bucket's filter; an ID no filter holds is proven new, and only the buckets whose filters
 answer "maybe" are looked up in the table (a partition predicate on the MERGE).
 
-The filters are derived state and never the authority. Missing, unreadable, from another hashing scheme, or
-saturated: rebuilt from the table. Behind the table: caught up from the Delta log (the record IDs of every
+The filters are derived state and never the authority. Missing, unreadable, from another hashing scheme, another
+table (its Delta id) or another hash implementation (a test vector of hashes), or saturated: rebuilt from the
+table. Behind the table: caught up from the Delta log (the record IDs of every
 data-changing commit since their stamp). A filter can only ever hold too much (a false "maybe", which costs a
 lookup), never too little, so a batch deduplicated through them is exactly what the full MERGE would give.
 Because the log can always bring them up to date, a process keeps its filters in memory between batches and saves
@@ -45,6 +46,15 @@ def id_hashes(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """A 64-bit hash of each record ID (SipHash-2-4 over its UTF-8 bytes, fixed key): stable across processes."""
     values = np.asarray(ids.to_numpy(zero_copy_only=False), dtype=object)
     return pd.util.hash_array(values, hash_key=_HASH_KEY, categorize=False)
+
+
+_TEST_VECTOR_IDS = ("", "a", "events/files:0", "ünïcode-€-1", "0" * 64)
+
+
+def hash_test_vector() -> list[int]:
+    """The hashes of a few fixed IDs as this process computes them. Saved filters record them: filters hashed by
+    another implementation (a pandas release that hashes differently) answer for other bits and are rebuilt."""
+    return [int(h) for h in id_hashes(pa.array(_TEST_VECTOR_IDS))]
 
 
 def _words_and_masks(hashes: np.ndarray, words: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -88,9 +98,13 @@ class BucketFilter:
 
 
 class FilterManifest(BaseModel):
-    """The saved form of a table's filters: their version and, per bucket, its file, ID count and digest."""
+    """The saved form of a table's filters: the table they describe (its Delta id: a table re-created at the same
+    path has commits of the same numbers), the hashes of the test vector they were made with, their version and,
+    per bucket, its file, ID count and digest."""
 
     scheme: str
+    table_id: str = ""
+    test_vector: list[int] = []
     version: int
     covered_from: int | None = None
     buckets: dict[int, str] = {}
@@ -107,6 +121,7 @@ class IdFilters:
     changed since: a bucket outside it is still exactly the file `base` names for it."""
 
     version: int
+    table_id: str = ""
     buckets: dict[int, BucketFilter] = field(default_factory=dict)
     covered_from: int | None = None
     rebuilt: bool = False

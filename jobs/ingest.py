@@ -18,9 +18,7 @@ metrics; `balances()` checks them against the classification.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -28,34 +26,25 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
+from jobs.batch_commit import Written, append_new, commit_once, merge_once
+from jobs.commit_log import ATTEMPT_KEY, own_commit_version
 from jobs.declaration import Pipeline
-from jobs.delta_txn import (
-    append_once,
-    begin_append,
-    committed_batch,
-    committed_metrics,
-    create_table_once,
-    delta_transaction,
-    is_concurrent_commit,
-    latest_version,
-    own_commit_version,
-    table_properties,
-)
+from jobs.delta_txn import append_once, begin_append, create_table_once, latest_version, table_properties
 from jobs.first_records import first_ids, first_per_id, without_ordinals
 from jobs.id_filter_store import IdFilterStore
-from jobs.id_filters import committed_among, id_hashes
+from jobs.id_filters import IdFilters, committed_among, id_hashes
 from jobs.ingest_result import IngestResult
 from jobs.log_ids import remember_commit_ids
 from jobs.schema import parse_schema, quoted
 from jobs.source_reader import SourceRuntime
 from jobs.validation import RecordContract, classify
 from resources.checkpoint import BatchPlan
+from resources.faults import crash_point
 
 DEAD_LETTER_SCHEMA = parse_schema(
     "source_position STRING, raw STRING, reason STRING NOT NULL, detail STRING, record_id STRING NOT NULL, "
     "event_time TIMESTAMP, batch_id BIGINT, ingested_at TIMESTAMP"
 )
-MERGE_TRIES = 3
 PLAN_KEY = "onceflow_plan"
 EVENT_TIMES_KEY = "onceflow_event_times"
 RAW_STATS_COLUMNS = ("record_id", "event_time", "batch_id")
@@ -101,7 +90,9 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
     result = IngestResult(batch_id=plan.batch_id, landed=source.reader.landed_count(plan))
     ingested_at = "timestamp_millis(_ingested_ms) AS ingested_at"
     # The plan travels in the commit: a checkpoint restored from an old copy loses plans, the lake keeps them.
-    metadata = {"onceflow_source": source.app_id, "onceflow_batch": plan.batch_id, PLAN_KEY: plan.to_dict()}
+    # The attempt's id tells which of two concurrent attempts at the batch made the commit that holds it.
+    metadata = {"onceflow_source": source.app_id, "onceflow_batch": plan.batch_id, PLAN_KEY: plan.to_dict(),
+                ATTEMPT_KEY: uuid.uuid4().hex}
     contract = RecordContract.of(pipeline)
     checked = classify(landed, contract, plan.planned_at_ms, plan.horizon_floor_ms, batch_id=plan.batch_id,
                        _ingested_ms=plan.planned_at_ms)
@@ -127,25 +118,26 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
                 "source_position", "raw", "reason", "detail",
                 "record_id", "event_time", "batch_id", ingested_at, "ordinal",
             )
-            written = _merge_once(spark, source, plan, first_per_id(dead), source.dead_letter_path, "", metadata)
+            written = merge_once(spark, source, plan, first_per_id(dead), source.dead_letter_path, "", metadata)
             result.dead_lettered_new = written.inserted
+        # Dead letters commit first, raw last: a batch is committed once raw holds it (`micro_batch.lake_batch`).
+        crash_point("ingest.after_dead_letters")
         valid = classified.filter("reason IS NULL").selectExpr(
             "record_id", "event_time", *(quoted(f.name) for f in contract.schema), "payload", "source_position",
             "publish_time", "batch_id", ingested_at, "time_bucket", "ordinal",
         )
         valid_count = result.received - result.dead_lettered_total
         if pipeline.delivery == "at_least_once":
-            result.replayed = not append_once(valid.drop("ordinal"), source.raw_path, source.app_id, plan.batch_id,
-                                              metadata, begun)
+            written = append_new(spark, source, plan, valid.drop("ordinal"), valid_count, metadata, begun)
             result.raw_version = latest_version(source.raw_path)
-            result.inserted = valid_count
+            result.replayed, result.lost_race, result.inserted = written.replayed, written.lost_race, written.inserted
             return result
         firsts, repeats = first_ids(slim.filter(pc.is_null(slim["reason"])))
         unique_count = firsts.num_rows
         if source.id_filters is None:
             unique = without_ordinals(valid, repeats)
-            written = _merge_once(spark, source, plan, unique, source.raw_path, _horizon(plan.horizon_floor_ms),
-                                  metadata)
+            written = merge_once(spark, source, plan, unique, source.raw_path, _horizon(plan.horizon_floor_ms),
+                                 metadata)
         else:
             written = _merge_with_filters(spark, source, source.id_filters, plan, valid, (firsts, repeats), metadata,
                                           result, begun)
@@ -170,33 +162,57 @@ def _merge_with_filters(
 ) -> Written:
     """Commit the first record of each ID of a batch's `valid` records (`dedup`: those firsts' `record_id,
     time_bucket, ordinal`, and the ordinals of the repeats) unless the table holds its ID, looking up only the IDs
-    the ID filters cannot rule out; then the batch's IDs join the filters."""
-    ids, excluded = dedup
+    the ID filters cannot rule out; then the batch's IDs join the filters.
+
+    The append is made on the very table version the filters answered for, and any commit since, whatever its app
+    id, makes it fail: then it is decided again against the filters caught up with that commit, and retried.
+    """
+    ids, repeats = dedup
     floor = None if plan.horizon_floor_ms is None else plan.horizon_floor_ms // BUCKET_MS
-    filters = store.load(floor)
     hashes = id_hashes(ids["record_id"])
+    transactions = iter([begun])  # the one begun ahead serves the first attempt; a retry starts afresh
+    held: list[tuple[IdFilters, pa.ChunkedArray | pa.Array]] = []  # the last try's filters and the IDs it added
+
+    def append() -> int | None:
+        while held:  # a retry: the last try's filters go back, to be caught up with the commit that beat it
+            store.release(held.pop()[0])
+        filters = store.load(floor)
+        seen, added, dropped = _committed_ids(filters, source.raw_path, ids, hashes, result)
+        held.append((filters, added))
+        rows = without_ordinals(valid, np.concatenate([repeats, dropped]))  # one filter drops both kinds
+        written = append_once(rows, source.raw_path, source.app_id, plan.batch_id, metadata,
+                              next(transactions, None), read_version=filters.version)
+        return ids.num_rows - len(seen) if written else None
+
+    written = commit_once(spark, source, plan, source.raw_path, metadata, append)
+    if held:
+        filters, added = held.pop()
+        if not written.replayed:
+            filters.add(hashes, ids["time_bucket"].to_numpy())
+            version = own_commit_version(source.raw_path, metadata, after=filters.version)
+            if version > filters.version:  # the batch's own commit: the IDs it added need no reading back
+                remember_commit_ids(source.raw_path, version, added)
+            filters.version = version
+        filters.drop_below(floor)
+        store.release(filters)
+    return written
+
+
+def _committed_ids(
+    filters: IdFilters, raw_path: str, ids: pa.Table, hashes: np.ndarray, result: IngestResult
+) -> tuple[list[str], pa.ChunkedArray | pa.Array, np.ndarray]:
+    """Which of the batch's first IDs (`ids`) the table held at the filters' version, the IDs it does not hold,
+    and the ordinals of the rows to drop for the former. Only IDs the filters cannot rule out are looked up."""
     maybe, buckets = filters.maybe_seen(hashes)
     result.fast_path = {"proven_new": int(len(hashes) - maybe.sum()), "maybe_seen": int(maybe.sum()),
                         "filters_rebuilt": filters.rebuilt, "filters_caught_up_commits": filters.caught_up}
-    seen, added = [], ids["record_id"]
-    if buckets:
-        # An ID the filters rule out is in no bucket of the table: only the "maybe" IDs are looked up.
-        seen, read = committed_among(filters, source.raw_path, ids["record_id"].filter(pa.array(maybe)))
-        committed = pc.is_in(ids["record_id"], value_set=pa.array(seen, ids["record_id"].type))
-        excluded = np.concatenate([excluded, ids["ordinal"].filter(committed).to_numpy()])
-        added = added.filter(pc.invert(committed))
-        result.fast_path.update({"committed_found": len(seen), "buckets_read": read})
-    rows = without_ordinals(valid, excluded)  # one filter drops both kinds
-    written = _append_new(spark, source, plan, rows, ids.num_rows - len(seen), metadata, begun)
-    if not written.replayed:
-        filters.add(hashes, ids["time_bucket"].to_numpy())
-        version = own_commit_version(source.raw_path, metadata, after=filters.version)
-        if version > filters.version:  # the batch's own commit: the IDs it added need no reading back
-            remember_commit_ids(source.raw_path, version, added)
-        filters.version = version
-    filters.drop_below(floor)
-    store.release(filters)
-    return written
+    if not buckets:
+        return [], ids["record_id"], np.array([], dtype=np.int64)
+    # An ID the filters rule out is in no bucket of the table: only the "maybe" IDs are looked up.
+    seen, read = committed_among(filters, raw_path, ids["record_id"].filter(pa.array(maybe)))
+    committed = pc.is_in(ids["record_id"], value_set=pa.array(seen, ids["record_id"].type))
+    result.fast_path.update({"committed_found": len(seen), "buckets_read": read})
+    return seen, ids["record_id"].filter(pc.invert(committed)), ids["ordinal"].filter(committed).to_numpy()
 
 
 def _summarize(slim: pa.Table, result: IngestResult) -> None:
@@ -207,84 +223,3 @@ def _summarize(slim: pa.Table, result: IngestResult) -> None:
     times = slim.filter(pc.is_null(slim["reason"]))["t"]
     if len(times):
         result.min_event_time_ms, result.max_event_time_ms = pc.min(times).as_py(), pc.max(times).as_py()
-
-
-@dataclass(frozen=True)
-class Written:
-    inserted: int
-    replayed: bool
-    lost_race: bool = False
-
-
-def _merge_once(
-    spark: SparkSession,
-    source: SourceRuntime,
-    plan: BatchPlan,
-    rows: DataFrame,
-    path: str,
-    lookup: str,
-    metadata: dict,
-) -> Written:
-    """Insert the rows whose IDs the table does not hold yet, as the transaction `(app id, batch)`; `lookup` is
-    SQL appended to the match condition that bounds which target rows are read (`t.` is the table)."""
-    view = f"onceflow_batch_{uuid.uuid4().hex}"
-    rows.createOrReplaceTempView(view)
-
-    def merge() -> int | None:
-        with delta_transaction(spark, source.app_id, plan.batch_id, metadata):
-            answer = spark.sql(
-                f"MERGE INTO delta.`{path}` t USING {view} s ON t.record_id = s.record_id{lookup} "
-                "WHEN NOT MATCHED THEN INSERT *"
-            ).collect()
-        # Delta skips a MERGE whose SetTransaction it has seen: no result row, no commit.
-        return int(answer[0]["num_inserted_rows"]) if answer else None
-
-    try:
-        return _commit_once(spark, source, plan, path, metadata, merge)
-    finally:
-        spark.catalog.dropTempView(view)
-
-
-def _append_new(
-    spark: SparkSession, source: SourceRuntime, plan: BatchPlan, rows: DataFrame, count: int, metadata: dict,
-    begun: Future | None,
-) -> Written:
-    """Append rows known to be new (no ID of theirs in the table), as the transaction `(app id, batch)`."""
-    transactions = iter([begun])  # the one begun ahead serves the first attempt; a retry starts afresh
-
-    def append() -> int | None:
-        written = append_once(rows, source.raw_path, source.app_id, plan.batch_id, metadata, next(transactions, None))
-        return count if written else None
-
-    return _commit_once(spark, source, plan, source.raw_path, metadata, append)
-
-
-def _commit_once(
-    spark: SparkSession, source: SourceRuntime, plan: BatchPlan, path: str, metadata: dict,
-    write: Callable[[], int | None],
-) -> Written:
-    """Run `write` (rows inserted, or None when Delta skipped the batch as committed), retrying lost races.
-
-    A batch committed before (by an earlier attempt, or by a concurrent one that won the race) writes nothing and
-    reports the winning commit's own count.
-    """
-    for attempt in range(MERGE_TRIES):
-        try:
-            inserted = write()
-            break
-        except Exception as error:
-            if not is_concurrent_commit(error):
-                raise
-            if (committed_batch(path, source.app_id) or 0) >= plan.batch_id:
-                # A concurrent attempt at this very batch committed it first: this one is a replay.
-                return Written(_inserted(committed_metrics(spark, path, metadata)), replayed=True, lost_race=True)
-            if attempt == MERGE_TRIES - 1:
-                raise  # another writer (maintenance, say) kept conflicting: fail, Dagster retries the run
-    if inserted is not None:
-        return Written(inserted, replayed=False)
-    return Written(_inserted(committed_metrics(spark, path, metadata)), replayed=True)
-
-
-def _inserted(metrics: dict[str, str]) -> int:
-    """Rows a batch's commit inserted: a MERGE's or an append's own count."""
-    return int(metrics.get("numTargetRowsInserted", metrics.get("numOutputRows", 0)))

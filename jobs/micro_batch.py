@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
-from jobs.delta_txn import committed_batch, committed_metadata
+from jobs.commit_log import committed_batch, committed_metadata
 from jobs.ingest import EVENT_TIMES_KEY, PLAN_KEY, ingest_batch
 from jobs.ingest_result import IngestResult
 from jobs.source_reader import SourceReader, SourceRuntime, source_watermark_ms
@@ -57,9 +57,32 @@ def run_micro_batch(get_spark: Callable[[], SparkSession], source: SourceRuntime
 
 
 def lake_batch(source: SourceRuntime) -> int:
-    """The last batch of the source the lake has committed: the SetTransaction version its tables hold."""
-    return max(committed_batch(source.raw_path, source.app_id) or 0,
-               committed_batch(source.dead_letter_path, source.app_id) or 0)
+    """The last batch of the source the lake has committed: the SetTransaction version its raw table holds.
+
+    A batch commits its dead letters first and its raw rows last, so one the dead-letter table alone holds is not
+    committed: its valid records are in no table yet (see `pending_batch`).
+    """
+    return committed_batch(source.raw_path, source.app_id) or 0
+
+
+def lake_ahead(source: SourceRuntime, committed: int) -> bool:
+    """Whether the lake holds a batch of the source after `committed` in either table: committed, or begun (its
+    dead letters in) and to be replayed."""
+    return max(lake_batch(source), committed_batch(source.dead_letter_path, source.app_id) or 0) > committed
+
+
+def pending_batch(source: SourceRuntime, lake: int) -> None:
+    """Make batch `lake + 1` replay as it was planned when its dead letters committed but its raw rows did not
+    (the run died between the two commits) and the checkpoints lost its plan: the plan its commit carries is
+    recorded again, so the next batch is that one, not a new one above it."""
+    pending = lake + 1
+    if (committed_batch(source.dead_letter_path, source.app_id) or 0) < pending:
+        return
+    if source.checkpoints.get_plan(pending) is not None:
+        return
+    plan = _plan_in(committed_metadata(source.dead_letter_path, source.app_id, [pending]).get(pending, {}))
+    if plan is not None:
+        source.checkpoints.plan(plan)
 
 
 def align_with_lake(source: SourceRuntime) -> tuple[SourceCheckpoint, int | None]:
@@ -73,6 +96,7 @@ def align_with_lake(source: SourceRuntime) -> tuple[SourceCheckpoint, int | None
     and the windows go on as if the checkpoint had never been behind.
     """
     lake = lake_batch(source)
+    pending_batch(source, lake)
     checkpoint = source.checkpoints.load()
     next_batch = checkpoint.next_batch
     if lake < next_batch or (lake == next_batch and source.checkpoints.get_plan(next_batch) is not None):
@@ -162,8 +186,10 @@ def _with_watermark(reader: SourceReader, checkpoint: SourceCheckpoint) -> Sourc
 def advanced(
     reader: SourceReader, checkpoint: SourceCheckpoint, plan: BatchPlan, result: IngestResult
 ) -> SourceCheckpoint | None:
-    """The checkpoint with batch `plan` committed; None if a concurrent attempt advanced it already."""
-    if checkpoint.committed_batch >= plan.batch_id:
+    """The checkpoint with batch `plan` committed; None if a concurrent attempt advanced it already, or if this
+    attempt lost the commit race (the attempt whose commit holds the batch advances it with that commit's figures,
+    or a later replay does if it died first)."""
+    if checkpoint.committed_batch >= plan.batch_id or result.lost_race:
         return None
     watermark = reader.watermark(checkpoint.watermark)
     reader.after_commit(watermark, plan, result, _now_ms())

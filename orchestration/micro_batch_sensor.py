@@ -21,7 +21,7 @@ from google.api_core.exceptions import NotFound
 
 from jobs.declaration import Pipeline
 from jobs.ingest_job import source_tag
-from jobs.micro_batch import lake_batch
+from jobs.micro_batch import lake_ahead
 from jobs.panes import Window
 from jobs.source_reader import open_source, source_watermark_ms
 from orchestration.runs import in_flight, runs_tagged
@@ -71,8 +71,9 @@ def build_micro_batch_sensor(pipeline: Pipeline, idle_tick_s: float) -> dg.Senso
             return dg.SkipReason(f"{pipeline.source_id}: {missing.message}")
         if has_data:
             why = "new data"
-        elif lake_batch(source) > checkpoint.committed_batch:
-            why = "the lake is ahead of the checkpoint: realign it"  # it was restored from an older copy
+        elif lake_ahead(source, checkpoint.committed_batch):
+            # Restored from an older copy, or a batch died between its two commits: realign it, replay that one.
+            why = "the lake is ahead of the checkpoint: realign it"
         elif windows_open(pipeline, checkpoint) and now_ms - cursor["at_ms"] >= idle_tick_s * 1000:
             why = "idle tick: advance the watermark"
         else:

@@ -17,6 +17,7 @@ POINTS = frozenset(
         "watermark.after_drain",
         "land.before_persist",
         "land.after_persist",
+        "ingest.after_dead_letters",
         "ingest.after_merge",
         "window.after_close",
         "window.after_merge",

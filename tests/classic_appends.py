@@ -16,10 +16,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import jobs.delta_txn as delta_txn
+from jobs.commit_log import committed_metrics
 from jobs.delta_txn import (
     append_once,
     begin_append,
-    committed_metrics,
     create_table_once,
     is_concurrent_commit,
     table_properties,

@@ -25,8 +25,17 @@ from resources.lake import LakeResource
 from resources.pubsub import PubSubResource
 from resources.pubsub_emulator import PubSubEmulator
 from tests.delta_reader import read_rows, transaction_version
-from tests.pipelines import TOPIC, builtin, drain, events_pipeline, new_project, setup
-from tests.test_ingest_files import seed_files, write_jsonl
+from tests.pipelines import (
+    TOPIC,
+    builtin,
+    dagster_micro_batch,
+    drain,
+    events_from_files,
+    events_pipeline,
+    new_project,
+    setup,
+)
+from tests.test_ingest_files import BAD_LINES, seed_files, write_jsonl
 from tests.test_sensors import evaluate
 
 RAW = ["record_id", "event_time", "key", "value"]
@@ -174,3 +183,27 @@ def test_a_checkpoint_lost_after_traffic_stopped_is_realigned_and_its_windows_st
         assert [r.run_key for r in evaluate(windows, instance, lake, None).run_requests] == expected
         assert isinstance(evaluate(micro_batch, instance, lake, None, pubsub), dg.SkipReason)
     assert read_rows(source.raw_path, RAW) == expected_raw(events)
+
+
+@pytest.mark.engine_paths
+def test_a_batch_killed_between_its_dead_letters_and_raw_is_replayed_after_the_checkpoints_go(
+    spark: SparkSession, tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    incoming = events_from_files(tmp_path, monkeypatch, max_files=2)
+    events = seed_files(incoming)  # batch 1 (a, b) has the bad lines, batch 2 (c) none
+    crashed = dagster_micro_batch(str(home), "ingest.after_dead_letters")
+    assert "crash injected at ingest.after_dead_letters" in crashed.stderr + crashed.stdout, crashed.stderr[-3000:]
+    source = open_source(builtin("events"), LakeResource(home=str(home)))
+    assert transaction_version(source.dead_letter_path, source.app_id) == 1
+    assert transaction_version(source.raw_path, source.app_id) is None  # batch 1's valid records are in no table
+
+    shutil.rmtree(home / "checkpoints")  # lost (or restored from a copy older than batch 1): its plan goes too
+    results = drain(lambda: spark, open_source(builtin("events"), LakeResource(home=str(home))))
+
+    # Batch 1 is replayed from the plan its dead-letter commit carries, not skipped as committed.
+    assert [(r.batch_id, r.realigned_from) for r in results] == [(1, None), (2, None)]
+    assert read_rows(source.raw_path, RAW) == expected_raw(events)
+    assert sorted(r[0] for r in read_rows(source.dead_letter_path, ["reason"])) == sorted(r for r, _ in BAD_LINES)
+    assert results[0].dead_lettered_new == len(BAD_LINES) and all(r.balances() for r in results)
+    assert source.checkpoints.load().totals == {"received": 310 + len(BAD_LINES), "inserted": 300, "duplicates": 10,
+                                                 "dead_lettered": len(BAD_LINES)}

@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 
+from jobs.commit_log import committed_batch
 from jobs.declaration import Pipeline
-from jobs.delta_txn import committed_batch
 from jobs.micro_batch import run_micro_batch
 from jobs.source_reader import SourceRuntime, open_source
 from orchestration.workload import Event, expected_raw, make_events
