@@ -16,6 +16,7 @@ from jobs.declaration import BigQuerySink, Pipeline, WindowedOutput
 from jobs.durations import window_cron
 from jobs.finalize_job import commit_context
 from jobs.ingest_job import raw_asset_key
+from jobs.maintenance import PinnedInputExpired
 from jobs.panes import PARTITION_FORMAT, CloseStore, Window
 from jobs.run_worker import record_worker
 from jobs.sinks import output_sinks, publish_closed
@@ -122,7 +123,7 @@ def build_window_asset(pipeline: Pipeline, output: WindowedOutput) -> dg.AssetsD
                 yield dg.AssetMaterialization(key, partition=result.window.key,
                                               metadata=window_metadata(result, published))
         if expired is not None:
-            raise expired
+            raise PinnedInputExpired(str(expired)) from None  # its message names every expired window
 
         mismatched = output_mismatches(session, pipeline, output, raw_path, windows_path, results)
         unaccounted = unaccounted_late(session, raw_path, results)
