@@ -3,7 +3,8 @@
 Materializing a partition computes that window's current pane (early before the window closes, final after) and
 MERGEs it into `windows/<asset>`; a backfill over a range runs as one run, and each partition gets its own
 metadata (records, keys, late records, pane, timing, raw version, watermark, lag). A final pane, once committed,
-is published through the output's commit sequence; what the run leaves unfinished, `commit_sensor` finishes.
+is published through the output's commit sequence; what the run leaves unfinished, `commit_sensor` finishes. A
+window whose pinned input expired fails the run naming it, after the run's other windows were materialized.
 """
 
 import time
@@ -15,12 +16,13 @@ from jobs.declaration import BigQuerySink, Pipeline, WindowedOutput
 from jobs.durations import window_cron
 from jobs.finalize_job import commit_context
 from jobs.ingest_job import raw_asset_key
+from jobs.maintenance import PinnedInputExpired
 from jobs.panes import PARTITION_FORMAT, CloseStore, Window
 from jobs.run_worker import record_worker
 from jobs.sinks import output_sinks, publish_closed
 from jobs.source_reader import open_source, source_watermark_ms
 from jobs.window_checks import duplicate_record_ids, output_mismatches, unaccounted_late
-from jobs.windows import WindowResult, materialize_windows
+from jobs.windows import WindowResult, WindowsExpired, materialize_windows
 from resources.bigquery import BigQueryResource
 from resources.lake import LakeResource
 from resources.spark import SparkResource
@@ -56,6 +58,8 @@ def window_metadata(result: WindowResult, published: str) -> dict[str, Any]:
         "published": published,
         "lost_commit_races": result.lost_races,
     }
+    if result.records_before is not None:
+        metadata["records_before_first_window"] = result.records_before
     if result.watermark_ms is not None:
         metadata["watermark_ms"] = result.watermark_ms
         metadata["watermark_lag_s"] = round(time.time() - result.watermark_ms / 1000, 3)
@@ -94,7 +98,11 @@ def build_window_asset(pipeline: Pipeline, output: WindowedOutput) -> dg.AssetsD
         watermark = source_watermark_ms(open_source(pipeline, lake).checkpoints.load())
         closes = CloseStore(lake.panes(), output.asset)
         windows = [Window.from_partition_key(k, output.window_s) for k in context.partition_keys]
-        results = materialize_windows(session, pipeline, output, windows, watermark, closes, raw_path, windows_path)
+        expired = None
+        try:
+            results = materialize_windows(session, pipeline, output, windows, watermark, closes, raw_path, windows_path)
+        except WindowsExpired as error:
+            results, expired = error.results, error
 
         sinks = output_sinks(output, lake.sink_root(), lake.staging_root(), _bigquery_project(output, bigquery))
         run = context.run
@@ -109,7 +117,13 @@ def build_window_asset(pipeline: Pipeline, output: WindowedOutput) -> dg.AssetsD
                 f"{result.raw_version}: {result.records} records, {result.rows} rows, {result.late} late"
             )
             published = commit.outcome if commit is not None else "not closed"
-            context.add_asset_metadata(window_metadata(result, published), partition_key=result.window.key)
+            if expired is None:
+                context.add_asset_metadata(window_metadata(result, published), partition_key=result.window.key)
+            else:  # the run fails for the expired windows: the others are recorded one by one
+                yield dg.AssetMaterialization(key, partition=result.window.key,
+                                              metadata=window_metadata(result, published))
+        if expired is not None:
+            raise PinnedInputExpired(str(expired)) from None  # its message names every expired window
 
         mismatched = output_mismatches(session, pipeline, output, raw_path, windows_path, results)
         unaccounted = unaccounted_late(session, raw_path, results)

@@ -47,6 +47,12 @@ class Window:
         return Window(self.end_ms, 2 * self.end_ms - self.start_ms)
 
 
+def first_window_start_ms(start_date: str) -> int:
+    """Where a pipeline's first window starts: midnight UTC of its `start_date` (`YYYY-MM-DD`), a window boundary
+    for every window size (each divides a day)."""
+    return int(datetime.strptime(start_date, "%Y-%m-%d").replace(tzinfo=UTC).timestamp() * 1000)
+
+
 @dataclass(frozen=True)
 class PaneClose:
     """The durable record that pane `pane` of a window was closed at raw version `raw_version`.

@@ -89,16 +89,18 @@ class SourceReconciliation:
         return not (self.lost or self.doubled_raw or self.doubled_dead or self.metric_mismatches)
 
 
-def landed_records(source: SourceRuntime) -> list[LandedRecord]:
-    """Every record of every committed batch, identified in plain Python."""
+def landed_records(*epochs: SourceRuntime) -> list[LandedRecord]:
+    """Every record of every committed batch of the source in each of `epochs` (its runtimes, oldest first; their
+    batch numbers follow each other), identified in plain Python."""
     batches = []
-    for batch in range(1, source.checkpoints.load().committed_batch + 1):
-        plan = plan_of(source, batch)
-        if plan is None:
-            raise RuntimeError(f"{source.app_id}: batch {batch} is committed but neither the checkpoints nor the "
-                               "tables' commits hold its plan")
-        batches.append((batch, source.reader.landed_rows(plan)))
-    return identify_all(iter(batches), RecordContract.of(source.pipeline))
+    for source in epochs:
+        for batch in range(source.checkpoints.first_batch, source.checkpoints.load().committed_batch + 1):
+            plan = plan_of(source, batch)
+            if plan is None:
+                raise RuntimeError(f"{source.app_id}: batch {batch} is committed but neither the checkpoints nor "
+                                   "the tables' commits hold its plan")
+            batches.append((batch, source.reader.landed_rows(plan)))
+    return identify_all(iter(batches), RecordContract.of(epochs[0].pipeline))
 
 
 def reconcile_source(source: SourceRuntime, landed: list[LandedRecord]) -> SourceReconciliation:

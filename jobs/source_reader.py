@@ -81,7 +81,8 @@ class SourceRuntime:
     """A pipeline's source with everything a micro-batch touches: reader, checkpoints, tables.
 
     `app_id` names the source in its current epoch: the Delta `txnAppId` of its commits and the key of its
-    checkpoints and landing files (`<pipeline>/<kind>`, then `<pipeline>/<kind>@<epoch>` after a reset).
+    checkpoints and landing files (`<pipeline>/<kind>`, then `<pipeline>/<kind>@<epoch>` after a reset). Batch
+    numbers go on across epochs: an epoch's first batch is above every batch of the epochs before it.
     """
 
     pipeline: Pipeline
@@ -98,15 +99,18 @@ def app_id(pipeline: Pipeline, epoch: int) -> str:
 
 
 def open_source(
-    pipeline: Pipeline, lake: LakeResource, pubsub: Callable[[], PubSubClient] | None = None
+    pipeline: Pipeline, lake: LakeResource, pubsub: Callable[[], PubSubClient] | None = None, epoch: int | None = None
 ) -> SourceRuntime:
-    """Wire a (settings-resolved) pipeline's source to its reader, checkpoints and tables under `lake`.
+    """Wire a (settings-resolved) pipeline's source to its reader, checkpoints and tables under `lake`, in its
+    current epoch (or in `epoch`, an earlier one, to read what it landed).
 
     `pubsub` makes a Pub/Sub client when a Pub/Sub source first needs one; None for work that only reads what
     was landed (reconciliation).
     """
-    source_app = app_id(pipeline, EpochStore(lake.epochs()).current(pipeline.name))
-    checkpoints = CheckpointStore(lake.checkpoints(), source_app)
+    epochs = EpochStore(lake.epochs())
+    epoch = epochs.current(pipeline.name) if epoch is None else epoch
+    source_app = app_id(pipeline, epoch)
+    checkpoints = CheckpointStore(lake.checkpoints(), source_app, epochs.first_batches(pipeline.name)[epoch])
     reader: SourceReader
     if isinstance(pipeline.source, FileSource):
         reader = FileReader(pipeline, checkpoints)

@@ -14,7 +14,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from jobs.declaration import Pipeline, WindowedOutput
-from jobs.windows import WindowResult, pane_frame, rows_per_window
+from jobs.raw_counts import rows_per_window
+from jobs.windows import WindowResult, pane_frame
 
 
 def output_mismatches(

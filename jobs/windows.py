@@ -4,7 +4,7 @@ For each requested window, `materialize_windows` finds its current pane (see `jo
 closes, then on-time, then late panes under `refire`), reads `raw VERSION AS OF` the pane's version, hands the
 window's valid records to `output.transform`, and MERGEs the rows into `windows/<asset>` keyed on
 `(window_start, *keys)`, replacing exactly that window's rows. Two rows for one key is an error naming the key. A
-pane never overwrites a newer one, so a stale retry changes nothing.
+pane never overwrites a newer one, so a stale retry changes nothing (see `jobs.window_merge`).
 
 The window table's columns are `window_start`, `window_end`, the transform's columns, then `raw_version`, `pane`
 and `timing`.
@@ -22,13 +22,14 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from jobs.declaration import Pipeline, WindowedOutput
-from jobs.delta_txn import create_table_once, is_concurrent_commit, latest_version, table_properties
-from jobs.ingest import BUCKET_MS, ensure_raw_table
-from jobs.maintenance import check_pinned_input
-from jobs.panes import EARLY, LATE, ON_TIME, CloseStore, PaneClose, Window
+from jobs.delta_txn import create_table_once, latest_version, table_properties
+from jobs.ingest import ensure_raw_table
+from jobs.maintenance import PinnedInputExpired, check_pinned_input
+from jobs.panes import EARLY, LATE, ON_TIME, CloseStore, PaneClose, Window, first_window_start_ms
+from jobs.raw_counts import range_filter, rows_before, rows_per_window
+from jobs.window_merge import OutputError, merge_panes_once
 from resources.faults import crash_point
 
-MERGE_TRIES = 3
 WINDOWS_PER_PLAN = 32
 """Windows computed in one Spark plan: each is its own transform over a shared cached read."""
 
@@ -36,8 +37,14 @@ WINDOWS_PER_PLAN = 32
 log = logging.getLogger("onceflow")
 
 
-class OutputError(RuntimeError):
-    """A transform returned something the window table cannot hold (a duplicate key, a changed schema)."""
+class WindowsExpired(PinnedInputExpired):
+    """Some requested windows' pinned input expired (each named in the message); `results` are what the other
+    windows of the request materialized, merged and committed."""
+
+    def __init__(self, results: list[WindowResult], expired: list[PinnedInputExpired]) -> None:
+        super().__init__(" ".join(str(e) for e in expired))
+        self.results = results
+        self.expired = expired
 
 
 @dataclass
@@ -55,6 +62,8 @@ class WindowResult:
     latest_raw_version: int
     watermark_ms: int | None
     lost_races: int = 0
+    records_before: int | None = None
+    """For the pipeline's first window only: raw rows (at `latest_raw_version`) older than it, which no window holds."""
 
 
 def input_schema(pipeline: Pipeline) -> T.StructType:
@@ -77,36 +86,6 @@ def transform_output(spark: SparkSession, pipeline: Pipeline, output: WindowedOu
     return result.schema
 
 
-def _range_filter(windows: list[Window]) -> str:
-    """Event-time bounds covering all windows, with the time-bucket predicate that prunes raw's partitions."""
-    lo, hi = min(w.start_ms for w in windows), max(w.end_ms for w in windows)
-    return (
-        f"event_time >= timestamp_millis({lo}) AND event_time < timestamp_millis({hi}) "
-        f"AND time_bucket BETWEEN {lo // BUCKET_MS} AND {(hi - 1) // BUCKET_MS}"
-    )
-
-
-def rows_per_window(
-    spark: SparkSession, raw_path: str, version: int, after_batch: dict[Window, int]
-) -> dict[Window, int]:
-    """Rows of raw at `version` per window, counting only batch ids above the window's bound (0: all rows).
-
-    One scan for all windows, so a backfill over many windows costs one query, not one per window.
-    """
-    if not after_batch:
-        return {}
-    values = ", ".join(f"({w.start_ms}, {w.end_ms}, {bound})" for w, bound in after_batch.items())
-    rows = spark.sql(
-        f"SELECT w.s, count(r.event_time) AS n FROM (VALUES {values}) AS w(s, e, after) "
-        f"LEFT JOIN (SELECT event_time, batch_id FROM delta.`{raw_path}` VERSION AS OF {version} "
-        f"WHERE {_range_filter(list(after_batch))}) r "
-        "ON r.event_time >= timestamp_millis(w.s) AND r.event_time < timestamp_millis(w.e) AND r.batch_id > w.after "
-        "GROUP BY w.s"
-    ).collect()
-    by_start = {w.start_ms: w for w in after_batch}
-    return {by_start[int(row["s"])]: int(row["n"]) for row in rows}
-
-
 def materialize_windows(
     spark: SparkSession,
     pipeline: Pipeline,
@@ -117,7 +96,10 @@ def materialize_windows(
     raw_path: str,
     windows_path: str,
 ) -> list[WindowResult]:
-    """Compute each window's current pane and MERGE them into the window table (see the module docstring)."""
+    """Compute each window's current pane and MERGE them into the window table (see the module docstring).
+
+    A window whose pinned input expired is left out; once the others are merged, `WindowsExpired` names it and
+    carries the others' results."""
     if not windows:
         return []
     ensure_raw_table(raw_path, pipeline)  # a window materialized before any data is empty
@@ -139,9 +121,16 @@ def materialize_windows(
         panes[window] = close
 
     now_ms = int(time.time() * 1000)
-    for window, close in panes.items():
+    expired: list[PinnedInputExpired] = []
+    for window, close in list(panes.items()):
         if close is not None:
-            check_pinned_input(output.asset, window, close, pipeline.retention_s, now_ms)
+            try:
+                check_pinned_input(output.asset, window, close, pipeline.retention_s, now_ms)
+            except PinnedInputExpired as error:
+                expired.append(error)  # that window fails alone: the others of the run are still computed
+                del panes[window]
+    if not panes:
+        raise WindowsExpired([], expired)
     counts: dict[Window, tuple[int, int, int]] = {}
     items = list(panes.items())
     for start in range(0, len(items), WINDOWS_PER_PLAN):
@@ -154,6 +143,11 @@ def materialize_windows(
         version, pane, timing = (latest, 0, EARLY) if close is None else (close.raw_version, close.pane, close.timing)
         results.append(WindowResult(window, pane, timing, version, close is not None, records, rows,
                                     late.get(window, 0), latest, watermark_ms, races))
+    first = next((r for r in results if r.window.start_ms == first_window_start_ms(pipeline.start_date)), None)
+    if first is not None:
+        first.records_before = rows_before(spark, raw_path, latest, first.window.start_ms)
+    if expired:
+        raise WindowsExpired(results, expired)
     return results
 
 
@@ -182,7 +176,7 @@ def pane_frame(
     columns = ", ".join(f"`{f.name}`" for f in input_schema(pipeline))
     records = spark.sql(
         f"SELECT {columns}, floor(unix_millis(event_time) / {size}) * {size} AS _w "
-        f"FROM delta.`{raw_path}` VERSION AS OF {version} WHERE {_range_filter([w for w, _, _ in panes])}"
+        f"FROM delta.`{raw_path}` VERSION AS OF {version} WHERE {range_filter([w for w, _, _ in panes])}"
     )
     parts = []
     for window, pane, timing in panes:
@@ -236,20 +230,8 @@ def _merge_panes(
         }
         view = f"onceflow_panes_{uuid.uuid4().hex}"
         result.createOrReplaceTempView(view)
-        starts = ", ".join(f"timestamp_millis({w.start_ms})" for w in panes)
-        on = " AND ".join(["t.window_start = s.window_start", *(f"t.`{k}` <=> s.`{k}`" for k in output.keys)])
-        stale = " OR ".join(
-            f"(t.window_start = timestamp_millis({w.start_ms}) AND t.pane <= {0 if c is None else c.pane})"
-            for w, c in panes.items()
-        )
-        merge = (
-            f"MERGE INTO delta.`{windows_path}` t USING {view} s ON t.window_start IN ({starts}) AND {on} "
-            "WHEN MATCHED AND s.pane >= t.pane THEN UPDATE SET * "
-            "WHEN NOT MATCHED THEN INSERT * "
-            f"WHEN NOT MATCHED BY SOURCE AND ({stale}) THEN DELETE"
-        )
         try:
-            conflicts = _merge_retrying(spark, merge, output.asset, list(panes))
+            conflicts = merge_panes_once(spark, windows_path, view, list(output.keys), output.asset, panes)
         finally:
             spark.catalog.dropTempView(view)
     finally:
@@ -257,24 +239,6 @@ def _merge_panes(
         for records in cached:
             records.unpersist()
     return {w: (inputs.get(w.start_ms, 0), rows.get(w.start_ms, 0), conflicts) for w in panes}
-
-
-def _merge_retrying(spark: SparkSession, merge: str, asset: str, windows: list[Window]) -> int:
-    """Run the window MERGE; when a concurrent materialization of the same windows commits first, run it again
-    (it is idempotent: a pane replaces only an older or equal one). Returns how many races were lost."""
-    for lost in range(MERGE_TRIES):
-        try:
-            spark.sql(merge)
-            return lost
-        except Exception as error:
-            if not is_concurrent_commit(error):
-                raise
-            log.warning(f"{asset} windows {windows[0].key}..{windows[-1].key}: another run committed these windows "
-                        f"first; merging again ({lost + 1} of {MERGE_TRIES})")
-    raise OutputError(
-        f"{asset} windows {windows[0].key}..{windows[-1].key}: {MERGE_TRIES} concurrent materializations kept "
-        "committing first; nothing of this run was merged (Dagster retries the run)"
-    )
 
 
 def _check_output(

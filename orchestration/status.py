@@ -30,7 +30,7 @@ from orchestration.commits_cli import describe
 from orchestration.pipelines import load_pipelines
 from orchestration.resources import resources_for
 from orchestration.window_sensor import final_pane_committed
-from resources.checkpoint import SourceCheckpoint
+from resources.checkpoint import EpochStore, SourceCheckpoint
 from resources.commit_store import CommitStore
 from resources.lake import LakeResource
 from resources.settings import load_settings
@@ -127,7 +127,8 @@ def reconcile_pipeline(
 ) -> tuple[SourceReconciliation, dict[str, list[WindowReconciliation]]]:
     """The reconciliation of a pipeline: its source's, and every output's per window (see `jobs.reconcile`)."""
     source = open_source(pipeline, lake)  # landed batches only: the source itself is not read
-    landed = landed_records(source)
+    epochs = range(EpochStore(lake.epochs()).current(pipeline.name))
+    landed = landed_records(*(open_source(pipeline, lake, epoch=e) for e in epochs), source)
     commits = CommitStore(lake.commits())
     outputs = {
         output.asset: reconcile(

@@ -2,7 +2,8 @@
 
 A window `[start, end)` closes when the source watermark passes `end + allowed_lateness`; the sensor then requests
 that partition with run key `<asset>:<window>:final`, in window order, from the first window with data up to the
-newest one with data (empty windows in between are materialized as empty panes). Under the `refire` late policy,
+newest one with data (empty windows in between are materialized as empty panes), never a window before the
+pipeline's `start_date` (no partition exists for it; the first window's metadata counts the records before it). Under the `refire` late policy,
 a batch whose oldest event falls into an already closed window requests that window's next pane
 (`<asset>:<window>:pane-<p>`); the materialization closes it only if late records are really there.
 
@@ -21,7 +22,7 @@ import dagster as dg
 
 from jobs.commit_steps import sequence_id
 from jobs.declaration import Pipeline, WindowedOutput
-from jobs.panes import CloseStore, Window
+from jobs.panes import CloseStore, Window, first_window_start_ms
 from jobs.source_reader import open_source, source_watermark_ms
 from orchestration.runs import in_flight, runs_tagged
 from resources.commit_store import CommitStore
@@ -86,7 +87,9 @@ def build_window_sensor(pipeline: Pipeline, output: WindowedOutput) -> dg.Sensor
         if watermark is None or checkpoint.min_event_time_ms is None or checkpoint.max_event_time_ms is None:
             return dg.SkipReason("no data and no watermark yet")
         cursor = json.loads(context.cursor) if context.cursor else {}
-        next_start = cursor.get("next_window_ms", Window.at(checkpoint.min_event_time_ms, size).start_ms)
+        # Records before the pipeline's start date are valid (raw keeps them) but have no window partition.
+        first_ms = first_window_start_ms(pipeline.start_date)
+        next_start = max(cursor.get("next_window_ms", Window.at(checkpoint.min_event_time_ms, size).start_ms), first_ms)
         closes, commits = CloseStore(lake.panes(), output.asset), CommitStore(lake.commits())
         requests, pending, notes = retry_requests(context, output, closes, commits, cursor.get("pending", {}))
         window = Window.at(next_start, size)
@@ -102,7 +105,7 @@ def build_window_sensor(pipeline: Pipeline, output: WindowedOutput) -> dg.Sensor
         seen_batch = cursor.get("seen_batch", 0)
         if output.late_policy == "refire":
             late_from = min((t for b, t in checkpoint.recent_batches if b > seen_batch), default=None)
-            late = Window.at(late_from, size) if late_from is not None else None
+            late = Window.at(max(late_from, first_ms), size) if late_from is not None else None
             while late is not None and late.start_ms < next_start and len(requests) < MAX_REQUESTS:
                 close = closes.latest(late)
                 if close is not None:

@@ -92,21 +92,34 @@ class SourceCheckpoint:
 
 
 CAS_TRIES = 200
+SEALED = "sealed"
+
+
+class EpochSealed(RuntimeError):
+    """A batch of an epoch that `onceflow reset` ended: the epoch plans no batch from this one on."""
 
 
 class CheckpointStore:
-    """The checkpoint and batch plans of one source, under `<source_id>/` in an object store."""
+    """The checkpoint and batch plans of one source, under `<source_id>/` in an object store.
 
-    def __init__(self, store: ObjectStore, source_id: str) -> None:
+    `first_batch` is the epoch's first batch number (see `EpochStore`): before any checkpoint, the source has
+    committed up to the batch before it.
+    """
+
+    def __init__(self, store: ObjectStore, source_id: str, first_batch: int = 1) -> None:
         self.store = store
         self.source_id = source_id
+        self.first_batch = first_batch
 
     def _key(self, name: str) -> str:
         return f"{self.source_id}/{name}"
 
+    def _empty(self) -> SourceCheckpoint:
+        return SourceCheckpoint(committed_batch=self.first_batch - 1)
+
     def load(self) -> SourceCheckpoint:
         data = self.store.read(self._key("checkpoint.json"))
-        return SourceCheckpoint.from_json(data) if data else SourceCheckpoint()
+        return SourceCheckpoint.from_json(data) if data else self._empty()
 
     def update(self, change: Callable[[SourceCheckpoint], SourceCheckpoint | None]) -> SourceCheckpoint:
         """Apply `change` to the newest checkpoint by compare-and-swap and return the checkpoint that stands.
@@ -117,7 +130,7 @@ class CheckpointStore:
         key = self._key("checkpoint.json")
         for _ in range(CAS_TRIES):
             data, token = self.store.read_versioned(key)
-            current = SourceCheckpoint.from_json(data) if data else SourceCheckpoint()
+            current = SourceCheckpoint.from_json(data) if data else self._empty()
             changed = change(copy.deepcopy(current))
             if changed is None or changed == current:
                 return current
@@ -136,27 +149,54 @@ class CheckpointStore:
         return existing
 
     def get_plan(self, batch_id: int) -> BatchPlan | None:
+        """The plan of `batch_id`, None if there is none; `EpochSealed` where a reset ended the epoch."""
         data = self.store.read(self._key(f"batches/{batch_id:012d}.json"))
-        return BatchPlan.from_json(data) if data else None
+        plan = BatchPlan.from_json(data) if data else None
+        if plan is not None and plan.kind == SEALED:
+            raise EpochSealed(f"{self.source_id}: `onceflow reset` ended this epoch before batch {batch_id}; a run "
+                              "of the new epoch takes over")
+        return plan
+
+    def seal(self, batch_id: int) -> bool:
+        """End the epoch at `batch_id`: no batch from it on can ever be planned (a stale run of the epoch fails
+        with `EpochSealed`). False, and nothing changed, when `batch_id` is planned already."""
+        sealed = BatchPlan(batch_id=batch_id, kind=SEALED, horizon_floor_ms=None, planned_at_ms=int(time.time() * 1000))
+        return self.store.create(self._key(f"batches/{batch_id:012d}.json"), sealed.to_json())
 
 
 class EpochStore:
     """Each pipeline's epoch: 0 until a deliberate reset, then 1, 2, ... Kept apart from the checkpoints (an old
-    copy of those restored over them must not roll the epoch back), and only ever increased by compare-and-swap."""
+    copy of those restored over them must not roll the epoch back), and only ever increased by compare-and-swap.
+
+    Each epoch records its first batch number: batch numbers continue across epochs (a new epoch's start above
+    every batch an earlier one committed), so a raw row's `batch_id` orders it against any pane's close whatever
+    epoch either belongs to.
+    """
 
     def __init__(self, store: ObjectStore) -> None:
         self.store = store
 
-    def current(self, pipeline: str) -> int:
+    def _load(self, pipeline: str) -> dict[str, Any]:
         data = self.store.read(f"{pipeline}.json")
-        return int(json.loads(data)["epoch"]) if data else 0
+        return json.loads(data) if data else {"epoch": 0}
 
-    def advance(self, pipeline: str) -> int:
-        """Start the next epoch of `pipeline` and return its number."""
+    def current(self, pipeline: str) -> int:
+        return int(self._load(pipeline)["epoch"])
+
+    def first_batches(self, pipeline: str) -> list[int]:
+        """The first batch number of each epoch so far, by epoch (epoch 0 starts at 1)."""
+        state = self._load(pipeline)
+        return state.get("first_batches", [1] * (int(state["epoch"]) + 1))
+
+    def advance(self, pipeline: str, first_batch: int) -> int:
+        """Start the next epoch of `pipeline`, its batches numbered from `first_batch`, and return its number."""
         key = f"{pipeline}.json"
         for _ in range(CAS_TRIES):
             data, token = self.store.read_versioned(key)
-            epoch = (int(json.loads(data)["epoch"]) if data else 0) + 1
-            if self.store.swap(key, json.dumps({"epoch": epoch, "at_ms": int(time.time() * 1000)}).encode(), token):
+            state = json.loads(data) if data else {"epoch": 0}
+            epoch = int(state["epoch"]) + 1
+            firsts = [*state.get("first_batches", [1] * epoch), first_batch]
+            record = {"epoch": epoch, "first_batches": firsts, "at_ms": int(time.time() * 1000)}
+            if self.store.swap(key, json.dumps(record).encode(), token):
                 return epoch
         raise RuntimeError(f"{pipeline}: gave up starting a new epoch after {CAS_TRIES} lost races")

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from decimal import Decimal
 from pathlib import Path
 
+import dagster as dg
 import pytest
 from google.cloud import bigquery
 from pyspark.sql import SparkSession
 
-from jobs.panes import CloseStore, Window
+from jobs.panes import CloseStore, PaneClose, Window
 from jobs.source_reader import open_source, source_watermark_ms
 from jobs.windows import materialize_windows
 from resources.commit_store import CommitStore
@@ -153,3 +155,35 @@ def test_window_crash_then_rerun_gives_the_same_result(
     )
     assert read_rows(windows_path, ALL_COLUMNS) == before
     assert_published(home, windows_path, windows[:1], closed[:1], bigquery_client, dataset)
+
+
+def test_a_backfill_across_the_retention_fails_only_the_expired_window(ingested, home: Path, tmp_path: Path) -> None:
+    pipeline, lake, base, on_time, windows, closed = ingested
+    output = pipeline.outputs[0]
+    windows_path = lake.table_path(output.table)
+    assert closed[:3] == [True] * 3
+    # Window 0 was closed long ago: its pinned raw version is beyond the retention the tables keep.
+    long_ago = int(time.time() * 1000) - pipeline.retention_s * 1000 - 3_600_000
+    CloseStore(lake.panes(), output.asset).close(
+        windows[0], PaneClose(windows[0].start_ms, 1, "on_time", 1, 1, long_ago, long_ago))
+    dagster_home = tmp_path / "dagster"
+    dagster_home.mkdir()
+
+    run = dagster_materialize(str(home), f"{windows[0].key}...{windows[2].key}", dagster_home=str(dagster_home),
+                              events_source="files", events_dir=str(Path(pipeline.source.directory)))
+
+    assert run.returncode != 0
+    assert f"PinnedInputExpired: event_counts window {windows[0].key} pane 1 was closed at raw version 1" in (
+        run.stdout + run.stderr)
+    assert read_rows(windows_path, WINDOW_ROWS) == expected_table(base, on_time, closed, range(1, 3))
+    with dg.DagsterInstance.from_config(str(dagster_home)) as instance:
+        materialized = {
+            w.key: instance.fetch_materializations(
+                dg.AssetRecordsFilter(asset_key=dg.AssetKey(output.asset), asset_partitions=[w.key]), limit=5
+            ).records
+            for w in windows[:3]
+        }
+    assert [len(materialized[w.key]) for w in windows[:3]] == [0, 1, 1]
+    for w in windows[1:3]:
+        metadata = materialized[w.key][0].asset_materialization.metadata
+        assert (metadata["pane"].value, metadata["records"].value) == (1, 12)
