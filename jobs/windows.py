@@ -26,6 +26,7 @@ from jobs.delta_txn import create_table_once, is_concurrent_commit, latest_versi
 from jobs.ingest import BUCKET_MS, ensure_raw_table
 from jobs.maintenance import check_pinned_input
 from jobs.panes import EARLY, LATE, ON_TIME, CloseStore, PaneClose, Window
+from jobs.schema_evolution import evolve_window_table, pinned_columns
 from resources.faults import crash_point
 
 MERGE_TRIES = 3
@@ -37,7 +38,7 @@ log = logging.getLogger("onceflow")
 
 
 class OutputError(RuntimeError):
-    """A transform returned something the window table cannot hold (a duplicate key, a changed schema)."""
+    """A transform returned something the window table cannot hold (two rows for one key)."""
 
 
 @dataclass
@@ -179,7 +180,7 @@ def pane_frame(
     """(records, rows): the windows' input records at `version` (with `_w`, the window start in ms) and the
     transform's rows for every `(window, pane, timing)`, with onceflow's columns added."""
     size = output.window_s * 1000
-    columns = ", ".join(f"`{f.name}`" for f in input_schema(pipeline))
+    columns = pinned_columns(raw_path, version, input_schema(pipeline))  # a field added later reads NULL
     records = spark.sql(
         f"SELECT {columns}, floor(unix_millis(event_time) / {size}) * {size} AS _w "
         f"FROM delta.`{raw_path}` VERSION AS OF {version} WHERE {_range_filter([w for w, _, _ in panes])}"
@@ -291,11 +292,4 @@ def _check_output(
             f"and key {named}; it must return one row per value of keys {list(output.keys)}"
         )
     create_table_once(windows_path, result.schema, properties)
-    table = spark.read.format("delta").load(windows_path).schema
-    found = [(f.name, f.dataType.simpleString()) for f in result.schema]
-    wanted = [(f.name, f.dataType.simpleString()) for f in table]
-    if found != wanted:
-        raise OutputError(
-            f"{output.asset}: the transform now returns {found}, but {windows_path} holds {wanted}; "
-            "declare a new asset (or migrate the table) to change an output's columns"
-        )
+    evolve_window_table(output, windows_path, result.schema)  # new columns are added, any other change refused
