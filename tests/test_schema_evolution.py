@@ -23,6 +23,7 @@ from jobs.delta_txn import append_once, create_table_once, table_properties
 from jobs.ingest import ensure_raw_table
 from jobs.panes import CloseStore, Window
 from jobs.schema import parse_schema
+from jobs.schema_evolution import Mismatch, differences
 from jobs.source_reader import open_source
 from jobs.windows import materialize_windows
 from orchestration.definitions import build_definitions
@@ -192,3 +193,21 @@ def test_an_append_of_rows_without_the_tables_schema_writes_nothing(spark: Spark
     assert table_version(path) == 1 and DeltaTable(path).transaction_version("a") == 1
     assert sorted(p.name for p in Path(path).glob("*.parquet")) == files  # no file written for another schema
     assert read_rows(path, ["record_id", "amount"]) == [("r0", 0), ("r1", 1), ("r2", 2)]
+
+
+def test_what_counts_as_a_change_of_a_record_schema_and_of_a_transforms_output() -> None:
+    table = parse_schema("a INT NOT NULL, s STRUCT<x: INT>, l ARRAY<STRUCT<x: INT>>")
+    added, problems = differences(table, parse_schema("l ARRAY<STRUCT<x: INT>>, a INT NOT NULL, s STRUCT<x: INT>, "
+                                                      "n STRING"), strict=True)
+    assert ([f.name for f in added], problems) == (["n"], [])  # order is free, a new nullable field is added
+    _, problems = differences(table, parse_schema("a INT NOT NULL, s STRUCT<x: INT, y: INT>, l ARRAY<STRUCT<x: INT, "
+                                                  "y: INT>>"), strict=True)
+    assert problems == [Mismatch("s", "STRUCT<x: INT>", "STRUCT<x: INT, y: INT>"),
+                        Mismatch("l", "ARRAY<STRUCT<x: INT>>", "ARRAY<STRUCT<x: INT, y: INT>>")]  # no nested additions
+    # A transform's output: Spark infers nullability, so only types count and new columns are added nullable.
+    added, problems = differences(table, parse_schema("a INT, s STRUCT<x: INT NOT NULL>, l ARRAY<STRUCT<x: INT>>, "
+                                                      "c BIGINT NOT NULL"), strict=False)
+    assert ([(f.name, f.nullable) for f in added], problems) == ([("c", True)], [])
+    _, problems = differences(table, parse_schema("a BIGINT, s STRUCT<x: INT>"), strict=False)
+    assert problems == [Mismatch("a", "INT NOT NULL", "BIGINT"), Mismatch("l", "ARRAY<STRUCT<x: INT>>",
+                                                                          "nothing (dropped or renamed)")]
