@@ -25,6 +25,7 @@ from jobs.panes import CloseStore, Window
 from jobs.schema import parse_schema
 from jobs.schema_evolution import Mismatch, differences
 from jobs.source_reader import open_source
+from jobs.window_checks import output_mismatches
 from jobs.windows import materialize_windows
 from orchestration.definitions import build_definitions
 from orchestration.pipelines import resolve
@@ -101,11 +102,14 @@ def test_a_new_nullable_field_evolves_raw_and_window_tables(spark: SparkSession,
         ("b1", "k1", 1, "new-1"), ("b2", "k1", 2, None), ("b3", "k2", 3, "new-3"),
     ]
     # w1 closes under the new declaration; w0 is recomputed (a backfill) from its version pinned before the change.
-    materialize_windows(spark, after, after.outputs[0], [w0, w1], w1.end_ms, closes, source.raw_path, windows_path)
+    done = materialize_windows(spark, after, after.outputs[0], [w0, w1], w1.end_ms, closes, source.raw_path,
+                               windows_path)
     assert read_rows(windows_path, WINDOW_ROWS) == [
         (utc(base), "k1", 2, 12, None, 1, 1), (utc(base), "k2", 1, 11, None, 1, 1),
         (utc(w1.start_ms), "k1", 2, 3, "new-1", 1, 3), (utc(w1.start_ms), "k2", 1, 3, "new-3", 1, 3),
     ]
+    # The asset check recomputing both windows agrees (the table's new column sits at its end).
+    assert output_mismatches(spark, after, after.outputs[0], source.raw_path, windows_path, done) == []
 
 
 CHANGES = [
