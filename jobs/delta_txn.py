@@ -29,6 +29,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from jobs.commit_log import ATTEMPT_KEY, committing_attempt, holds_batch
+from jobs.schema_evolution import conform
 
 _APP_ID = "spark.databricks.delta.write.txnAppId"
 _VERSION = "spark.databricks.delta.write.txnVersion"
@@ -208,6 +209,8 @@ def _write_files(df: DataFrame, path: str, begun: Future | None) -> tuple[int, l
     if begun is None:
         begun = begin_append(df.sparkSession, path)
     transaction = begun.result()  # type: ignore[union-attr]
+    # Delta's writer writes whatever schema it is given: only rows with the table's own schema become its files.
+    df = conform(df, T.StructType.fromJson(json.loads(transaction.metadata().schema().json())), path)
     actions = transaction.writeFiles(df._jdf)
     adds = []
     for i in range(actions.size()):

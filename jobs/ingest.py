@@ -36,6 +36,7 @@ from jobs.id_filters import IdFilters, committed_among, id_hashes
 from jobs.ingest_result import IngestResult
 from jobs.log_ids import remember_commit_ids
 from jobs.schema import parse_schema, quoted
+from jobs.schema_evolution import evolve_raw_table
 from jobs.source_reader import SourceRuntime
 from jobs.validation import RecordContract, classify
 from resources.checkpoint import BatchPlan
@@ -73,6 +74,8 @@ def raw_schema(record_schema: T.StructType) -> T.StructType:
 def ensure_raw_table(raw_path: str, pipeline: Pipeline) -> None:
     create_table_once(raw_path, raw_schema(pipeline.record_schema),
                       table_properties(pipeline.retention_s, RAW_STATS_COLUMNS), partitioned_by=("time_bucket",))
+    # A table made for an earlier declaration gains its new nullable fields; any other change is refused.
+    evolve_raw_table(pipeline, raw_path, raw_schema(pipeline.record_schema))
 
 
 def ensure_tables(source: SourceRuntime) -> None:

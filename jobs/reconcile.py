@@ -277,6 +277,7 @@ def _outputs_match(
     for version, panes in by_version.items():
         _, expected = pane_frame(spark, source.pipeline, output, source.raw_path, version, panes)
         mine = table.filter(F.col("window_start").isin(*[F.timestamp_millis(F.lit(w.start_ms)) for w, _, _ in panes]))
+        mine = mine.select(*expected.columns)  # by name: EXCEPT ALL compares by position
         diff = expected.exceptAll(mine).unionByName(mine.exceptAll(expected))
         differing |= {int(r["s"]) for r in diff.select(F.expr("unix_millis(window_start) AS s")).distinct().collect()}
     return {w.key: w.start_ms not in differing for w in closed}

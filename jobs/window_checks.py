@@ -39,7 +39,8 @@ def output_mismatches(
             spark, pipeline, output, raw_path, version, [(r.window, r.pane, r.timing) for r in group]
         )
         starts = [F.timestamp_millis(F.lit(r.window.start_ms)) for r in group]
-        held = table.filter(F.col("window_start").isin(*starts))
+        # By name: a column added to the table later sits at its end, and EXCEPT ALL compares by position.
+        held = table.filter(F.col("window_start").isin(*starts)).select(*expected.columns)
         differing = expected.exceptAll(held).unionByName(held.exceptAll(expected))
         keys = {r.window.start_ms: r.window.key for r in group}
         for row in differing.select(F.expr("unix_millis(window_start) AS s")).distinct().collect():

@@ -24,7 +24,7 @@ log = logging.getLogger("onceflow")
 
 
 class OutputError(RuntimeError):
-    """A transform returned something the window table cannot hold (a duplicate key, a changed schema)."""
+    """A transform returned something the window table cannot hold (two rows for one key)."""
 
 
 def merge_panes_once(

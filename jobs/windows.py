@@ -27,6 +27,7 @@ from jobs.ingest import ensure_raw_table
 from jobs.maintenance import PinnedInputExpired, check_pinned_input
 from jobs.panes import EARLY, LATE, ON_TIME, CloseStore, PaneClose, Window, first_window_start_ms
 from jobs.raw_counts import range_filter, rows_before, rows_per_window
+from jobs.schema_evolution import evolve_window_table, pinned_columns
 from jobs.window_merge import OutputError, merge_panes_once
 from resources.faults import crash_point
 
@@ -173,7 +174,7 @@ def pane_frame(
     """(records, rows): the windows' input records at `version` (with `_w`, the window start in ms) and the
     transform's rows for every `(window, pane, timing)`, with onceflow's columns added."""
     size = output.window_s * 1000
-    columns = ", ".join(f"`{f.name}`" for f in input_schema(pipeline))
+    columns = pinned_columns(raw_path, version, input_schema(pipeline))  # a field added later reads NULL
     records = spark.sql(
         f"SELECT {columns}, floor(unix_millis(event_time) / {size}) * {size} AS _w "
         f"FROM delta.`{raw_path}` VERSION AS OF {version} WHERE {range_filter([w for w, _, _ in panes])}"
@@ -255,11 +256,4 @@ def _check_output(
             f"and key {named}; it must return one row per value of keys {list(output.keys)}"
         )
     create_table_once(windows_path, result.schema, properties)
-    table = spark.read.format("delta").load(windows_path).schema
-    found = [(f.name, f.dataType.simpleString()) for f in result.schema]
-    wanted = [(f.name, f.dataType.simpleString()) for f in table]
-    if found != wanted:
-        raise OutputError(
-            f"{output.asset}: the transform now returns {found}, but {windows_path} holds {wanted}; "
-            "declare a new asset (or migrate the table) to change an output's columns"
-        )
+    evolve_window_table(output, windows_path, result.schema)  # new columns are added, any other change refused

@@ -17,6 +17,7 @@ from jobs.maintenance_job import build_maintenance_job
 from orchestration.commit_sensor import build_commit_sensor
 from orchestration.micro_batch_sensor import build_micro_batch_sensor
 from orchestration.pipelines import load_pipelines
+from orchestration.pipelines.table_check import check_raw_tables
 from orchestration.pipelines.transform_check import check_transforms
 from orchestration.resources import resources_for
 from orchestration.runs import build_dead_run_sensor
@@ -38,6 +39,7 @@ def build_definitions(settings: Settings | None = None) -> dg.Definitions:
     settings = settings or load_settings()
     pipelines = load_pipelines(settings)
     resources = resources_for(settings)
+    check_raw_tables(pipelines, resources["lake"])
     check_transforms(pipelines, resources["spark"].get_session, resources["lake"].declarations())
     outputs = [(p, o) for p in pipelines for o in p.outputs]
     maintenance, maintenance_schedule = build_maintenance_job(pipelines)
