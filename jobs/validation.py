@@ -5,14 +5,16 @@
 `detail`: NULL for a valid record, else why it is a dead letter. The first failing check names the reason:
 
 - `oversized` (more than `max_record_bytes`), `not_json` (not UTF-8, not JSON, or not a JSON object);
-- per schema field, in order: `missing_field` (absent or null but NOT NULL), `wrong_type` (a JSON value of
-  another kind, e.g. a string for a DECIMAL, or a timestamp string that does not parse), `out_of_range` (the
-  right kind but it does not fit, e.g. 300 for a TINYINT or 1e40 for a DECIMAL(38, 9));
+- per schema field, in order (see `jobs.record_fields`: Spark's JSON reader converts, onceflow is stricter in a
+  few places): `missing_field` (absent or null but NOT NULL, also inside a STRUCT), `wrong_type` (a JSON value
+  Spark's reader does not convert to the type, e.g. `"abc"` or `true` for a DECIMAL, `5.5` for an INT, a time
+  string that does not parse), `out_of_range` (it does not fit, e.g. 300 for a TINYINT, 1e40 for a FLOAT,
+  `"1.234"` for a DECIMAL(18, 2)); `detail` names the failing value's path, `items[2].price`;
 - `missing_event_time`, `bad_event_time` (neither RFC 3339 nor epoch milliseconds);
 - `event_time_out_of_range` (more than `max_clock_skew` after the batch time), `beyond_dedup_horizon` (before
   the batch's horizon floor: it can no longer be checked against the dedup catalog).
 
-`detail` names the field and what was found. Replays classify identically: the batch time and the horizon floor
+`detail` says what was found. Replays classify identically: the batch time and the horizon floor
 come from the batch plan, never from the clock.
 """
 
