@@ -77,15 +77,15 @@ def _classify(spark: SparkSession, schema: str, lines: list[str]) -> tuple[list,
 def test_a_json_value_is_read_as_spark_reads_it_or_refused_with_its_path(spark: SparkSession, declared: str) -> None:
     cases = CASES[declared]
     # Each value at the top level and nested, as the second element of an array inside a struct.
-    top = [json.dumps({"v": "VALUE"}).replace('"VALUE"', value) for value, _ in cases]
+    top = [json.dumps({"f": "VALUE"}).replace('"VALUE"', value) for value, _ in cases]
     nested = [json.dumps({"n": {"inner": [None, "VALUE"]}}).replace('"VALUE"', value) for value, _ in cases]
-    got, spark_read = _classify(spark, f"v {declared}, n STRUCT<inner: ARRAY<{declared}>>", list(map(_stamped, top + nested)))
+    got, spark_read = _classify(spark, f"f {declared}, n STRUCT<inner: ARRAY<{declared}>>", list(map(_stamped, top + nested)))
     expected = []
     for i, (_, refused) in enumerate(cases * 2):
         if refused is None:
             expected.append((None, None, spark_read[i]))
         else:
-            path = ("v" if i < len(cases) else "n.inner[1]") + refused[1]
+            path = ("f" if i < len(cases) else "n.inner[1]") + refused[1]
             expected.append((refused[0], f"`{path}`", None))
     assert [(reason, detail and detail.split(" ")[0], None if reason else typed) for reason, detail, typed in got] == (
         expected
@@ -95,19 +95,19 @@ def test_a_json_value_is_read_as_spark_reads_it_or_refused_with_its_path(spark: 
 @pytest.mark.engine_paths
 def test_a_record_is_read_by_spark_rules_where_json_leaves_them_open(spark: SparkSession) -> None:
     lines = [
-        _stamped('{"v": "first", "v": "last"}'),  # a repeated key: the last value counts, as in Spark
-        _stamped('{"V": "other case"}'),  # names match exactly: `V` is not `v`
-        _stamped('{"v": "x"} trailing text'),  # Spark reads the first value of the text, as the VARIANT reader did
-        '{"v": NaN}',  # not JSON: NaN and Infinity are no JSON tokens
-        "{'v': 'x'}",  # not JSON: single quotes
-        '["v"]',
+        _stamped('{"f": "first", "f": "last"}'),  # a repeated key: the last value counts, as in Spark
+        _stamped('{"F": "other case"}'),  # names match exactly: `F` is not `f`
+        _stamped('{"f": "x"} trailing text'),  # Spark reads the first value of the text, as the VARIANT reader did
+        '{"f": NaN}',  # not JSON: NaN and Infinity are no JSON tokens
+        "{'f': 'x'}",  # not JSON: single quotes
+        '["f"]',
         "",
     ]
-    got, _ = _classify(spark, "v STRING, d DOUBLE", lines)
+    got, _ = _classify(spark, "f STRING, d DOUBLE", lines)
     assert [(reason, detail, None if reason else typed) for reason, detail, typed in got] == [
-        (None, None, '{"v":"last"}'),
+        (None, None, '{"f":"last"}'),
         (None, None, "{}"),
-        (None, None, '{"v":"x"}'),
+        (None, None, '{"f":"x"}'),
         ("not_json", "payload is not JSON", None),
         ("not_json", "payload is not JSON", None),
         ("not_json", "payload is JSON ARRAY<STRING>, not an object", None),
