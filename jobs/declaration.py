@@ -31,6 +31,8 @@ RAW_BOOKKEEPING = ("record_id", "event_time", "payload", "source_position", "pub
 """Columns onceflow adds to the raw table; a schema field cannot have these names."""
 WINDOW_BOOKKEEPING = ("window_start", "window_end", "raw_version", "pane", "timing")
 """Columns onceflow adds to a window table; a transform cannot output these names."""
+COMPRESSED = (".gz", ".bz2", ".deflate", ".lz4", ".snappy", ".zst", ".zstd", ".xz", ".br", ".zip")
+"""File suffixes Spark would decompress; a `FileSource` reads its files' bytes as they are."""
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PUBSUB_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9._~%+-]{2,254}$")
@@ -220,7 +222,7 @@ def _check_pipeline(p: Pipeline) -> None:
     except SchemaError as error:
         fail("schema", str(error))
     for f in fields:
-        if f.name in RAW_BOOKKEEPING:
+        if f.name.lower() in RAW_BOOKKEEPING:
             fail("schema", f"field {f.name!r} is a column onceflow adds itself ({', '.join(RAW_BOOKKEEPING)})")
     if p.delivery not in DELIVERY_MODES:
         fail("delivery", f"{p.delivery!r} is not a delivery mode: use {' or '.join(map(repr, DELIVERY_MODES))}")
@@ -270,6 +272,9 @@ def _check_source(source: Source, fail: Callable[[str, str], None]) -> None:
             value = getattr(source, name)
             if value is not None and (not isinstance(value, str) or not IDENTIFIER.match(value)):
                 fail(f"source.{name}", f"{value!r}: use letters, digits and '_'")
+        if isinstance(source.pattern, str) and source.pattern.lower().endswith(COMPRESSED):
+            fail("source.pattern", f"{source.pattern!r}: compressed files are not read (a record's position is its "
+                 "byte offset in the file, and files are counted by their lines): decompress them into the directory")
         _duration(source.out_of_orderness, "source.out_of_orderness", fail)
     for name in ("max_messages", "max_files", "max_seconds"):
         value = getattr(source, name, None)

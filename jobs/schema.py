@@ -53,11 +53,24 @@ def parse_schema(ddl: str) -> T.StructType:
     while parser.accept(","):
         fields.append(parser.field(top_level=True))
     parser.end()
-    names = [f.name for f in fields]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        raise SchemaError(f"field {duplicates[0]!r} is declared twice")
+    _distinct(fields, "")
     return T.StructType(fields)
+
+
+def _distinct(fields: list[T.StructField], where: str) -> None:
+    """Refuse two fields whose names differ at most in case: Spark and Delta match column names without case."""
+    seen: dict[str, str] = {}
+    for f in fields:
+        other = seen.get(f.name.lower())
+        if other is None:
+            seen[f.name.lower()] = f.name
+        elif other == f.name:
+            raise SchemaError(f"field {f.name!r}{where} is declared twice")
+        else:
+            raise SchemaError(
+                f"fields {other!r} and {f.name!r}{where} differ only in case, and Spark and Delta match column names "
+                "without case: declare one (a JSON key not declared stays in `payload`)"
+            )
 
 
 def _tokens(ddl: str) -> list[str]:
@@ -104,7 +117,8 @@ class _Parser:
     def field(self, top_level: bool) -> T.StructField:
         name = self.take("a field name").strip("`")
         if not _NAME.match(name):
-            raise SchemaError(f"field name {name!r}: use letters, digits and '_' (not starting with a digit)")
+            raise SchemaError(f"field name {name!r}: use letters, digits and '_' (not starting with a digit); a JSON "
+                              "key spelled otherwise is not a column, it stays in `payload`")
         if not top_level:
             self.accept(":")
         data_type = self.type(f"field {name!r}")
@@ -154,6 +168,7 @@ class _Parser:
             while self.accept(","):
                 fields.append(self.field(top_level=False))
             self.expect(">", "the STRUCT fields")
+            _distinct(fields, f" of {where}")
             return T.StructType(fields)
         if upper in _SIMPLE:
             return _SIMPLE[upper]

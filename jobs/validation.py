@@ -5,14 +5,16 @@
 `detail`: NULL for a valid record, else why it is a dead letter. The first failing check names the reason:
 
 - `oversized` (more than `max_record_bytes`), `not_json` (not UTF-8, not JSON, or not a JSON object);
-- per schema field, in order: `missing_field` (absent or null but NOT NULL), `wrong_type` (a JSON value of
-  another kind, e.g. a string for a DECIMAL, or a timestamp string that does not parse), `out_of_range` (the
-  right kind but it does not fit, e.g. 300 for a TINYINT or 1e40 for a DECIMAL(38, 9));
+- per schema field, in order (see `jobs.record_fields`: Spark's JSON reader converts, onceflow is stricter in a
+  few places): `missing_field` (absent or null but NOT NULL, also inside a STRUCT), `wrong_type` (a JSON value
+  Spark's reader does not convert to the type, e.g. `"abc"` or `true` for a DECIMAL, `5.5` for an INT, a time
+  string that does not parse), `out_of_range` (it does not fit, e.g. 300 for a TINYINT, 1e40 for a FLOAT,
+  `"1.234"` for a DECIMAL(18, 2)); `detail` names the failing value's path, `items[2].price`;
 - `missing_event_time`, `bad_event_time` (neither RFC 3339 nor epoch milliseconds);
 - `event_time_out_of_range` (more than `max_clock_skew` after the batch time), `beyond_dedup_horizon` (before
   the batch's horizon floor: it can no longer be checked against the dedup catalog).
 
-`detail` names the field and what was found. Replays classify identically: the batch time and the horizon floor
+`detail` says what was found. Replays classify identically: the batch time and the horizon floor
 come from the batch plan, never from the clock.
 """
 
@@ -27,11 +29,10 @@ from pyspark.sql import types as T
 
 from jobs.batch_values import with_batch_values
 from jobs.declaration import FileSource, Pipeline
-from jobs.schema import INTEGRAL, quoted
+from jobs.record_fields import OPTIONS, ddl, failure, narrowed, strict, wide
+from jobs.schema import quoted
 
 _BATCH_COLUMNS = ("_batch_time_ms", "_latest_ms", "_floor_ms", "_batch_time", "_latest", "_floor")
-NUMERIC_VARIANT = ("TINYINT", "SMALLINT", "INT", "BIGINT", "FLOAT", "DOUBLE")
-INTEGRAL_VARIANT = ("TINYINT", "SMALLINT", "INT", "BIGINT")
 
 
 @dataclass(frozen=True)
@@ -74,71 +75,27 @@ def parse_time(text: Column) -> Column:
     )
 
 
-def _field_value(index: int, data_type: T.DataType) -> Column:
-    """The field (its JSON value, column `_json_<index>`) as `data_type`, NULL where it is absent or does not fit."""
-    value = F.col(_json_column(index))
-    if isinstance(data_type, T.TimestampType):
-        return parse_time(F.try_variant_get(value, "$", "string"))
-    if isinstance(data_type, T.VariantType):
-        return value
-    return F.try_variant_get(value, "$", data_type.simpleString())
+def _record_schema(contract: RecordContract) -> str:
+    """The DDL `from_json` reads a record with: the schema's fields (see `jobs.record_fields.wide`), the ID and
+    time fields that are not among them as STRING, and the corrupt-record column."""
+    declared = {f.name for f in contract.schema}
+    located = [name for name in (contract.id_field, contract.time_field) if name and name not in declared]
+    return ", ".join([*(f"{quoted(f.name)} {ddl(wide(f.dataType))}" for f in contract.schema),
+                      *(f"{quoted(name)} STRING" for name in dict.fromkeys(located)), "_corrupt STRING"])
 
 
-def _kind_fits(kind: Column, data_type: T.DataType) -> Column:
-    """Whether a JSON value of variant kind `kind` (`schema_of_variant`) is the kind `data_type` takes."""
-    numeric = kind.isin(*NUMERIC_VARIANT) | kind.startswith("DECIMAL")
-    if isinstance(data_type, T.StringType | T.DateType | T.TimestampNTZType):
-        return kind == "STRING"
-    if isinstance(data_type, T.TimestampType):
-        return (kind == "STRING") | kind.isin(*INTEGRAL_VARIANT)
-    if isinstance(data_type, T.BooleanType):
-        return kind == "BOOLEAN"
-    if isinstance(data_type, INTEGRAL):
-        # 5 and 5.0 are integers; 5.5 is not (a cast would silently truncate it).
-        return kind.isin(*INTEGRAL_VARIANT) | kind.rlike(r"^DECIMAL\([0-9]+,0\)$")
-    if isinstance(data_type, T.DecimalType | T.FloatType | T.DoubleType):
-        return numeric
-    if isinstance(data_type, T.ArrayType):
-        return kind.startswith("ARRAY")
-    if isinstance(data_type, T.MapType | T.StructType):
-        return kind.startswith("OBJECT")
-    return F.lit(True)  # VARIANT takes any JSON value
-
-
-def _kind_column(index: int) -> str:
-    return f"_kind_{index}"
-
-
-def _json_column(index: int) -> str:
-    return f"_json_{index}"
-
-
-def _field_checks(schema: T.StructType) -> list[tuple[Column, str, Column]]:
-    checks = []
-    for index, field in enumerate(schema):
-        name, declared = field.name, field.dataType.simpleString().upper()
-        kind = F.col(_kind_column(index))
-        absent = kind.isNull() | (kind == "VOID")
-        value = F.col(name)
+def _flagged(contract: RecordContract) -> str:
+    """SQL: whether the record (`_rec`) has a value Spark did not convert, one onceflow refuses, or misses a NOT NULL
+    field: only then is `jobs.record_fields.failure` worked out."""
+    conditions = ["_rec IS NULL", "_rec._corrupt IS NOT NULL"]
+    for field in contract.schema:
+        value = f"_rec.{quoted(field.name)}"
         if not field.nullable:
-            checks.append((absent, "missing_field", F.lit(f"`{name}` is missing or null; it is {declared} NOT NULL")))
-        fits = _kind_fits(kind, field.dataType)
-        checks.append(
-            (~absent & ~fits, "wrong_type", F.format_string(f"`{name}` is %s, not {declared}", kind))
-        )
-        temporal = isinstance(field.dataType, T.DateType | T.TimestampType | T.TimestampNTZType)
-        checks.append(
-            (
-                ~absent & value.isNull(),
-                "wrong_type" if temporal else "out_of_range",
-                F.format_string(
-                    f"`{name}` %s %s does not fit {declared}",
-                    kind,
-                    F.substring(F.try_variant_get(_json_column(index), "$", "string"), 1, 60),
-                ),
-            )
-        )
-    return checks
+            conditions.append(f"{value} IS NULL")
+        check = strict(field.dataType, value)
+        if check is not None:
+            conditions.append(f"NOT {check}")
+    return f"payload IS NOT NULL AND _bytes <= {contract.max_record_bytes} AND ({' OR '.join(conditions)})"
 
 
 def classify(
@@ -153,8 +110,7 @@ def classify(
     # Spark Connect's columns and a classic session's are different objects: each kind is built once.
     for stage in _stages(contract, horizon_floor_ms is not None, connect=not hasattr(landed, "_jdf")):
         df = df.withColumns(stage)
-    per_field = {name(index) for index in range(len(contract.schema)) for name in (_kind_column, _json_column)}
-    internal = {"v", "_top", "_bytes", "_time_raw", "_verdict", *_BATCH_COLUMNS, *per_field}
+    internal = {"_rec", "_flag", "_fields", "_bytes", "_time_raw", "_verdict", *_BATCH_COLUMNS}
     # Naming the verdict's parts and dropping the internal columns is one projection (each costs an analysis),
     # written as SQL text: each column built in Python costs round trips to the JVM.
     kept = [quoted(name) for name in df.columns if name not in internal]
@@ -170,32 +126,18 @@ def _stages(contract: RecordContract, with_floor: bool, connect: bool) -> tuple[
     """
     limit = contract.max_record_bytes
     fallback = F.col("publish_time") if contract.time_from_publish else F.lit(None).cast("timestamp")
-    # Each field's JSON value is looked up in the record once; its kind and typed value are read from that.
-    fields = {_json_column(index): F.variant_get("v", f"$.{field.name}", "variant")
-              for index, field in enumerate(contract.schema)}
-    parsed = {
-        # A valid JSON text is an object exactly when it starts with "{": no need to type the whole record.
-        "_top": F.when(F.col("v").isNull(), F.lit(None))
-        .when(F.expr("startswith(ltrim(' \\t\\r\\n', payload), '{')"), F.lit("OBJECT"))
-        .otherwise(F.schema_of_variant("v")),
-        "record_id": F.coalesce(_located(contract.id_attribute, contract.id_field), F.col("source_position")),
-        "_time_raw": _located(contract.time_attribute, contract.time_field),
+    # The record is read once, by Spark's JSON reader; only a flagged record (rare) is looked at again.
+    parsed = {f.name: F.expr(narrowed(f.dataType, f"_rec.{quoted(f.name)}")) for f in contract.schema}
+    located = {
+        "_fields": F.expr(f"CASE WHEN _flag THEN {failure(contract.schema)} END"),
+        "record_id": F.coalesce(_located(contract, contract.id_attribute, contract.id_field), F.col("source_position")),
+        "_time_raw": _located(contract, contract.time_attribute, contract.time_field),
     }
-    for index, field in enumerate(contract.schema):
-        parsed[field.name] = _field_value(index, field.dataType)
-        parsed[_kind_column(index)] = F.schema_of_variant(_json_column(index))
     event_time = F.col("event_time")
     checks: list[tuple[Column, str, Column]] = [
         (F.col("_bytes") > limit, "oversized", F.format_string(f"record is %d bytes; the limit is {limit}", "_bytes")),
         (F.col("payload").isNull(), "not_json", F.lit("payload is not valid UTF-8")),
-        (
-            F.col("_top").isNull() | ~F.col("_top").startswith("OBJECT"),
-            "not_json",
-            F.when(F.col("_top").isNull(), F.lit("payload is not JSON")).otherwise(
-                F.format_string("payload is JSON %s, not an object", "_top")
-            ),
-        ),
-        *_field_checks(contract.schema),
+        (F.col("_fields").isNotNull(), "", F.lit(None)),  # the reason and detail `failure` found
         (event_time.isNull() & F.col("_time_raw").isNull(), "missing_event_time", F.lit("no event time")),
         (
             event_time.isNull(),
@@ -226,22 +168,28 @@ def _stages(contract: RecordContract, with_floor: bool, connect: bool) -> tuple[
     # One chain of conditions gives both the reason and its detail: each check is evaluated once per record.
     verdict = F.struct(F.lit(None).cast("string").alias("reason"), F.lit(None).cast("string").alias("detail"))
     for condition, name, text in reversed(checks):
-        verdict = F.when(condition, F.struct(F.lit(name).alias("reason"), text.alias("detail"))).otherwise(verdict)
+        found = F.struct(F.lit(name).alias("reason"), text.alias("detail")) if name else F.col("_fields")
+        verdict = F.when(condition, found).otherwise(verdict)
     return (
         {"_bytes": F.length("data"), "payload": F.expr("try_validate_utf8(cast(data AS STRING))"),
          **{name: F.timestamp_millis(f"{name}_ms") for name in ("_batch_time", "_latest", "_floor")}},
-        {"v": F.when(F.col("_bytes") <= limit, F.try_parse_json("payload"))},
-        fields,
-        parsed,
+        {"_rec": F.expr(f"CASE WHEN _bytes <= {limit} THEN from_json(payload, '{_record_schema(contract)}', {OPTIONS}) END")},
+        {"_flag": F.expr(_flagged(contract)), **parsed},
+        located,
         {"event_time": F.when(F.col("_time_raw").isNull(), fallback).otherwise(parse_time(F.col("_time_raw")))},
         {"_verdict": verdict},
     )
 
 
-def _located(attribute: str | None, field: str | None) -> Column:
-    """A string from a message attribute or a payload field (numbers become their text); NULL when absent."""
+def _located(contract: RecordContract, attribute: str | None, field: str | None) -> Column:
+    """A string from a message attribute or a payload field (a number's or an object's text); NULL when absent."""
     if attribute is not None:
         return F.element_at(F.col("attributes"), F.lit(attribute))
-    if field is not None:
-        return F.try_variant_get("v", f"$.{field}", "string")
-    return F.lit(None).cast("string")
+    if field is None:
+        return F.lit(None).cast("string")
+    alone = f"from_json(payload, '{quoted(field)} STRING', {OPTIONS}).{quoted(field)}"
+    declared = {f.name: f.dataType for f in contract.schema}
+    if isinstance(declared.get(field, T.StringType()), T.StringType):
+        # Read with the record; a flagged record may have lost it (Spark stops at a value it cannot convert).
+        return F.expr(f"CASE WHEN _flag THEN {alone} ELSE _rec.{quoted(field)} END")
+    return F.expr(f"CASE WHEN _bytes <= {contract.max_record_bytes} THEN {alone} END")

@@ -14,9 +14,9 @@ WINDOW_MS = 5 * 60_000
 # Bad lines, each with the dead-letter reason it must get and the field its detail must name.
 BAD_ORDERS: list[tuple[str, str, dict]] = [
     ("missing_field", "`customer`", {"order_id": "bad-1", "region": "eu", "amount": 1}),
-    ("wrong_type", "`amount` is STRING", {"order_id": "bad-2", "customer": "c1", "region": "eu", "amount": "12.50"}),
+    ("wrong_type", "`amount` is STRING", {"order_id": "bad-2", "customer": "c1", "region": "eu", "amount": "12.5.0"}),
     ("out_of_range", "`amount`", {"order_id": "bad-3", "customer": "c1", "region": "eu", "amount": 1e30}),
-    ("wrong_type", "`region`", {"order_id": "bad-4", "customer": "c1", "region": 7, "amount": 1}),
+    ("wrong_type", "`amount` is BOOLEAN", {"order_id": "bad-4", "customer": "c1", "region": "eu", "amount": True}),
     ("bad_event_time", "tomorrow", {"order_id": "bad-5", "customer": "c1", "region": "eu", "amount": 1,
                                     "ts": "tomorrow"}),
     ("event_time_out_of_range", "2199", {"order_id": "bad-6", "customer": "c1", "region": "eu", "amount": 1,
@@ -38,8 +38,10 @@ class Order:
         fields = {"customer": self.customer, "region": self.region, "amount": "AMOUNT", "channel": "web"}
         if self.note is not None:
             fields["note"] = self.note
-        # The amount as an exact JSON number, as a producer writes money.
-        return json.dumps(fields).replace('"AMOUNT"', str(self.amount))
+        # The amount as an exact JSON number, as a producer writes money, or every other order as a string holding
+        # it, as BigQuery exports and Debezium write decimals: both are read exactly.
+        amount = str(self.amount) if int(self.order_id[-1]) % 2 else f'"{self.amount}"'
+        return json.dumps(fields).replace('"AMOUNT"', amount)
 
     def json_line(self) -> str:
         """The JSON-lines form, with `order_id` and `ts` in the object."""

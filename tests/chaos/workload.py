@@ -13,8 +13,8 @@ from resources.pubsub import PubSubClient
 
 MALFORMED_ORDERS = [
     b'{"region": "eu", "amount": 1}',  # no customer
-    b'{"customer": "c", "region": "eu", "amount": "12"}',  # amount is a string
-    b'{"customer": "c", "region": 7, "amount": 1}',  # region is a number
+    b'{"customer": "c", "region": "eu", "amount": "twelve"}',  # amount is not a decimal
+    b'{"customer": "c", "region": "eu", "amount": true}',  # amount is a boolean
     b"not json",
 ]
 

@@ -1,0 +1,125 @@
+"""How a record's JSON values become typed columns (DESIGN section 6a, the README's field table), type by type, at
+the top level and nested: what Spark's JSON reader (`from_json` with the same schema) accepts becomes exactly its
+value; what onceflow refuses on purpose is a dead letter with its reason and the path of the failing value."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pyspark.sql import SparkSession
+
+from jobs.schema import parse_schema
+from jobs.validation import RecordContract, classify
+
+AT_MS = 1_795_000_000_000
+OK = None
+# Per type: (JSON value, None when it is read as Spark reads it, else (reason, path below the field)).
+CASES: dict[str, list[tuple[str, tuple[str, str] | None]]] = {
+    "STRING": [('"abc"', OK), ("5", OK), ('{"a": [1]}', OK), ("[1, 2]", OK), ("true", OK), ('""', OK)],
+    "BOOLEAN": [("true", OK), ("false", OK), ('"true"', ("wrong_type", "")), ("1", ("wrong_type", ""))],
+    "TINYINT": [("127", OK), ("-128", OK), ("200", ("out_of_range", "")), ("-129", ("out_of_range", "")),
+                ("5.0", ("wrong_type", "")), ("5.5", ("wrong_type", "")), ('"5"', ("wrong_type", ""))],
+    "SMALLINT": [("32767", OK), ("40000", ("out_of_range", "")), ("1e2", ("wrong_type", ""))],
+    "INT": [("-2147483648", OK), ("3000000000", ("out_of_range", "")), ("5.5", ("wrong_type", ""))],
+    "BIGINT": [("9223372036854775807", OK), ("9223372036854775808", ("out_of_range", "")),
+               ('"7"', ("wrong_type", ""))],
+    "FLOAT": [("1.5", OK), ("3", OK), ("-2.5e-3", OK), ("1e40", ("out_of_range", "")),
+              ('"NaN"', ("wrong_type", "")), ('"abc"', ("wrong_type", ""))],
+    "DOUBLE": [("1.5", OK), ("1e308", OK), ("1e400", ("out_of_range", "")), ('"Infinity"', ("wrong_type", "")),
+               ('"abc"', ("wrong_type", "")), ("[1.5]", ("wrong_type", ""))],
+    "DECIMAL(6,2)": [('"123.45"', OK), ("123.45", OK), ('"-0.5"', OK), ("7", OK), ('"1e2"', OK), ("1E2", OK),
+                     ('"123.456"', ("out_of_range", "")), ("123.456", ("out_of_range", "")),
+                     ('"12345.6"', ("out_of_range", "")), ("1e30", ("out_of_range", "")),
+                     ('"12.5.0"', ("wrong_type", "")), ("true", ("wrong_type", "")), ("{}", ("wrong_type", ""))],
+    "DATE": [('"2024-01-02"', OK), ('"2024-01-02T10:00:00Z"', OK), ("19000", ("wrong_type", "")),
+             ('"tomorrow"', ("wrong_type", ""))],
+    "TIMESTAMP": [('"2024-01-02T03:04:05Z"', OK), ('"2024-01-02 03:04:05.123+02:00"', OK), ('"2024-01-02"', OK),
+                  ("1700000000", OK), ("1700000000000", ("out_of_range", "")), ('"tomorrow"', ("wrong_type", "")),
+                  ("1.5e9", ("wrong_type", ""))],
+    "TIMESTAMP_NTZ": [('"2024-01-02T03:04:05"', OK), ('"2024-01-02T03:04:05Z"', ("wrong_type", ""))],
+    "ARRAY<INT>": [("[1, 2]", OK), ("[]", OK), ("[1, null]", OK), ('[1, "2"]', ("wrong_type", "[1]")),
+                   ("[1, 300000000000]", ("out_of_range", "[1]")), ("5", ("wrong_type", "")),
+                   ('{"a": 1}', ("wrong_type", ""))],
+    "MAP<STRING, DECIMAL(6,2)>": [('{"a": "1.5", "b": 2}', OK), ("{}", OK), ('{"a": 1, "b": "x"}', ("wrong_type", '["b"]')),
+                                  ('{"a": 0.001}', ("out_of_range", '["a"]')), ("[1]", ("wrong_type", ""))],
+    "STRUCT<a: INT, b: STRING NOT NULL, c: ARRAY<DECIMAL(4,1)>>": [
+        ('{"a": 1, "b": "x", "c": ["1.5", 2]}', OK), ('{"b": "x", "zz": 1}', OK),
+        ('{"a": 1}', ("missing_field", ".b")), ('{"a": "1", "b": "x"}', ("wrong_type", ".a")),
+        ('{"b": "x", "c": [1, "1.25"]}', ("out_of_range", ".c[1]")), ('"x"', ("wrong_type", "")),
+    ],
+    "VARIANT": [('{"a": [1, 2.5, "x"]}', OK), ('"s"', OK), ("5", OK), ("null", OK)],
+}
+
+
+def _stamped(body: str) -> str:
+    """A JSON object's text with the event time added in front."""
+    return f'{{"at": {AT_MS}, {body[1:]}'
+
+
+def _classify(spark: SparkSession, schema: str, lines: list[str]) -> tuple[list, list]:
+    """Each line classified, in order, as (reason, detail, typed fields as JSON), and the same lines through
+    `from_json` with the same schema (as JSON)."""
+    landed = spark.createDataFrame(
+        [(i, f"f.jsonl:{i}", None, None, line.encode()) for i, line in enumerate(lines)],
+        "ordinal BIGINT, source_position STRING, publish_time TIMESTAMP, attributes MAP<STRING, STRING>, data BINARY",
+    )
+    contract = RecordContract(schema=parse_schema(schema), max_record_bytes=10_000, max_clock_skew_ms=3_600_000,
+                              time_field="at")
+    typed = f"to_json(struct({', '.join(f.name for f in contract.schema)}))"
+    out = classify(landed, contract, AT_MS, None, batch_id=1).orderBy("ordinal").selectExpr("reason", "detail", typed)
+    spark_read = landed.orderBy("ordinal").selectExpr(f"to_json(from_json(CAST(data AS STRING), '{schema}'))")
+    return [tuple(row) for row in out.collect()], [row[0] for row in spark_read.collect()]
+
+
+@pytest.mark.engine_paths
+@pytest.mark.parametrize("declared", list(CASES))
+def test_a_json_value_is_read_as_spark_reads_it_or_refused_with_its_path(spark: SparkSession, declared: str) -> None:
+    cases = CASES[declared]
+    # Each value at the top level and nested, as the second element of an array inside a struct.
+    top = [json.dumps({"f": "VALUE"}).replace('"VALUE"', value) for value, _ in cases]
+    nested = [json.dumps({"n": {"inner": [None, "VALUE"]}}).replace('"VALUE"', value) for value, _ in cases]
+    got, spark_read = _classify(spark, f"f {declared}, n STRUCT<inner: ARRAY<{declared}>>", list(map(_stamped, top + nested)))
+    expected = []
+    for i, (_, refused) in enumerate(cases * 2):
+        if refused is None:
+            expected.append((None, None, spark_read[i]))
+        else:
+            path = ("f" if i < len(cases) else "n.inner[1]") + refused[1]
+            expected.append((refused[0], f"`{path}`", None))
+    assert [(reason, detail and detail.split(" ")[0], None if reason else typed) for reason, detail, typed in got] == (
+        expected
+    )
+
+
+@pytest.mark.engine_paths
+def test_a_record_is_read_by_spark_rules_where_json_leaves_them_open(spark: SparkSession) -> None:
+    lines = [
+        _stamped('{"f": "first", "f": "last"}'),  # a repeated key: the last value counts, as in Spark
+        _stamped('{"F": "other case"}'),  # names match exactly: `F` is not `f`
+        _stamped('{"f": "x"} trailing text'),  # Spark reads the first value of the text, as the VARIANT reader did
+        '{"f": NaN}',  # not JSON: NaN and Infinity are no JSON tokens
+        "{'f': 'x'}",  # not JSON: single quotes
+        '["f"]',
+        "",
+    ]
+    got, _ = _classify(spark, "f STRING, d DOUBLE", lines)
+    assert [(reason, detail, None if reason else typed) for reason, detail, typed in got] == [
+        (None, None, '{"f":"last"}'),
+        (None, None, "{}"),
+        (None, None, '{"f":"x"}'),
+        ("not_json", "payload is not JSON", None),
+        ("not_json", "payload is not JSON", None),
+        ("not_json", "payload is JSON ARRAY<STRING>, not an object", None),
+        ("not_json", "payload is not JSON", None),
+    ]
+
+
+@pytest.mark.engine_paths
+def test_a_refused_value_is_named_with_what_was_found(spark: SparkSession) -> None:
+    bodies = ['{"items": [{"price": "9.99"}, {"price": "1.5"}, {"price": "abc"}]}', '{"items": [{"price": 1e3}]}']
+    got, _ = _classify(spark, "items ARRAY<STRUCT<price: DECIMAL(5,2)>> NOT NULL", list(map(_stamped, bodies)))
+    assert [(reason, detail) for reason, detail, _ in got] == [
+        ("wrong_type", '`items[2].price` is STRING "abc", not DECIMAL(5,2)'),
+        ("out_of_range", "`items[0].price` is DOUBLE 1000.0, which does not fit DECIMAL(5,2)"),
+    ]
