@@ -18,7 +18,7 @@ from jobs.commit_steps import CommitResult, run_sequence
 from jobs.declaration import BigQuerySink, FileSink, WindowedOutput
 from jobs.panes import Window
 from jobs.publish import BigQueryTarget, publish_pane
-from jobs.schema import bigquery_type
+from jobs.sink_types import sink_type
 from jobs.windows import WindowResult
 
 
@@ -54,9 +54,9 @@ def output_sinks(
 
 
 def window_table_schema(spark: SparkSession, windows_path: str) -> list[tuple[str, str]]:
-    """The window table's columns as (name, BigQuery type): what a published pane's rows hold."""
+    """The window table's columns as (name, sink type): what a published pane's rows hold."""
     schema = spark.read.format("delta").load(windows_path).schema
-    return [(f.name, bigquery_type(f.dataType)) for f in schema]
+    return [(f.name, str(sink_type(f.dataType))) for f in schema]
 
 
 def publish_closed(
