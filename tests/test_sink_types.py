@@ -16,15 +16,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from deltalake import DeltaTable
 from google.cloud import bigquery
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
+from pyspark.sql.types import VariantVal
 
 from jobs.commit_step import CommitContext
 from jobs.declaration import BigQuerySink, FileSink, FileSource, Pipeline, WindowedOutput
 from jobs.panes import CloseStore, Window
 from jobs.sinks import output_sinks, publish_closed
 from jobs.source_reader import open_source
+from jobs.windows import materialize_windows
 from orchestration.pipelines import resolve
 from resources.bigquery_emulator import BigQueryEmulator
 from resources.commit_store import CommitStore
@@ -53,61 +57,106 @@ def passthrough(records: DataFrame) -> DataFrame:
     )
 
 
-RECORDS = [  # JSON text, so that numbers keep the digits written (1.10 stays 1.10 in the VARIANT)
+RECORDS = [  # JSON text, so that numbers keep the digits written
     '{"id": "a1", "k": "a", "amount": 1.50}',
-    '{"id": "a2", "k": "a", "amount": 12345678901234.25, "wide": 12345678901234567890123456.123456789012, '
+    '{"id": "a2", "k": "a", "amount": 12345678901234.25, "wide": 1234567.123456789012, '
     '"day": "2026-02-28", "at": "2026-11-21T10:05:03.123456+02:00", "local": "2026-11-21T10:05:03.5", '
-    '"tags": ["x", "", "\u00fcn\u00ef"], "counts": {"one": 1, "two": 2}, "geo": {"lat": 52.5, "lon": -13.25}, '
-    '"doc": {"n": 1.10, "list": [1, "two", null, true], "deep": {"x": "y"}}, '
-    '"items": [{"sku": "s1", "price": 9.99}, {"sku": "s2", "price": 0.5}], '
+    '"tags": ["x", "", "ünï"], "counts": {"one": 1, "two": 2}, "geo": {"lat": 52.5, "lon": -13.25}, '
+    '"doc": {"n": 1.10, "p": 0.1234567890123456789, "big": 9007199254740993, "list": [1, "two", null, true], '
+    '"deep": {"x": "y"}}, "items": [{"sku": "s1", "price": 9.99}, {"sku": "s2", "price": 0.5}], '
     '"groups": {"g": [1, 2, 9007199254740993], "e": []}, "visit": {"at": "2026-11-21T08:00:00Z", "page": "/home"}}',
     '{"id": "b1", "k": "b"}',
 ]
+DOC = '{"big":9007199254740993,"deep":{"x":"y"},"list":[1,"two",null,true],"n":1.1,"p":0.1234567890123456789}'
+"""The VARIANT as a JSON value (keys sorted, as a variant holds them); compared as parsed with exact decimals."""
+AT = datetime(2026, 11, 21, 8, 5, 3, 123456, tzinfo=UTC)
+VISIT_AT = datetime(2026, 11, 21, 8, 0, tzinfo=UTC)
+LOCAL = datetime(2026, 11, 21, 10, 5, 3, 500000)
+VALUES = {  # record a2's values as delta-rs reads them (a map as (key, value) pairs, keys sorted)
+    "amount": Decimal("12345678901234.25"), "wide": Decimal("1234567.123456789012"), "day": date(2026, 2, 28),
+    "at": AT, "local": LOCAL, "tags": ["x", "", "ünï"], "counts": [("one", 1), ("two", 2)],
+    "geo": {"lat": 52.5, "lon": -13.25}, "doc": DOC,
+    "items": [{"sku": "s1", "price": Decimal("9.99")}, {"sku": "s2", "price": Decimal("0.50")}],
+    "groups": [("e", []), ("g", [1, 2, 9007199254740993])], "visit": {"at": VISIT_AT, "page": "/home"},
+}
+WINDOW_COLUMNS = [
+    ("window_start", "timestamp"), ("window_end", "timestamp"), ("k", "string"), ("n", "bigint"),
+    ("amounts", "array<decimal(18,2)>"), ("last_at", "timestamp"), ("amount", "decimal(18,2)"),
+    ("wide", "decimal(38,12)"), ("day", "date"), ("at", "timestamp"), ("local", "timestamp_ntz"),
+    ("tags", "array<string>"), ("counts", "map<string,int>"), ("geo", "struct<lat:double,lon:double>"),
+    ("doc", "variant"), ("items", "array<struct<sku:string,price:decimal(10,2)>>"),
+    ("groups", "map<string,array<bigint>>"), ("visit", "struct<at:timestamp,page:string>"),
+    ("raw_version", "bigint"), ("pane", "int"), ("timing", "string"),
+]
+BIGQUERY_COLUMNS = [
+    ("window_start", "TIMESTAMP", "NULLABLE"), ("window_end", "TIMESTAMP", "NULLABLE"), ("k", "STRING", "NULLABLE"),
+    ("n", "INTEGER", "NULLABLE"), ("amounts", "NUMERIC", "REPEATED"), ("last_at", "TIMESTAMP", "NULLABLE"),
+    ("amount", "NUMERIC", "NULLABLE"), ("wide", "BIGNUMERIC", "NULLABLE"), ("day", "DATE", "NULLABLE"),
+    ("at", "TIMESTAMP", "NULLABLE"), ("local", "DATETIME", "NULLABLE"), ("tags", "STRING", "REPEATED"),
+    ("counts", "JSON", "NULLABLE"),
+    ("geo", "RECORD", "NULLABLE", [("lat", "FLOAT", "NULLABLE"), ("lon", "FLOAT", "NULLABLE")]),
+    ("doc", "JSON", "NULLABLE"),
+    ("items", "RECORD", "REPEATED", [("sku", "STRING", "NULLABLE"), ("price", "NUMERIC", "NULLABLE")]),
+    ("groups", "JSON", "NULLABLE"),
+    ("visit", "RECORD", "NULLABLE", [("at", "TIMESTAMP", "NULLABLE"), ("page", "STRING", "NULLABLE")]),
+    ("raw_version", "INTEGER", "NULLABLE"), ("pane", "INTEGER", "NULLABLE"), ("timing", "STRING", "NULLABLE"),
+]
 
 
-def expected_raw() -> dict[str, dict[str, Any]]:
-    """What raw holds per record id (delta-rs reads maps as lists of (key, value) pairs)."""
-    nulls = dict.fromkeys(TYPED)
-    return {
-        "a1": {**nulls, "amount": Decimal("1.50")},
-        "a2": {
-            "amount": Decimal("12345678901234.25"), "wide": Decimal("12345678901234567890123456.123456789012"),
-            "day": date(2026, 2, 28), "at": datetime(2026, 11, 21, 8, 5, 3, 123456, tzinfo=UTC),
-            "local": datetime(2026, 11, 21, 10, 5, 3, 500000), "tags": ["x", "", "ünï"],
-            "counts": [("one", 1), ("two", 2)], "geo": {"lat": 52.5, "lon": -13.25},
-            "items": [{"sku": "s1", "price": Decimal("9.99")}, {"sku": "s2", "price": Decimal("0.50")}],
-            "groups": [("g", [1, 2, 9007199254740993]), ("e", [])],
-            "visit": {"at": datetime(2026, 11, 21, 8, 0, tzinfo=UTC), "page": "/home"},
-        },
-        "b1": nulls,
-    }
+def exact(text: str) -> Any:
+    """JSON text parsed with numbers as Decimal: equal only when every digit is."""
+    return json.loads(text, parse_float=Decimal, parse_int=Decimal)
 
 
-def expected_lines(window: Window) -> list[dict[str, Any]]:
-    """The published JSON lines, parsed (numbers as Decimal, so a float's digits are checked too)."""
-    start = datetime.fromtimestamp(window.start_ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    end = datetime.fromtimestamp(window.end_ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    common = {"window_start": start, "window_end": end}
-    tail = {"pane": 1, "timing": "on_time"}
-    a = {
-        **common, "k": "a", "n": 2, "amounts": ["1.50", "12345678901234.25"],
-        "last_at": "2026-11-21T08:05:03.123456Z",
-        "amount": "12345678901234.25", "wide": 12345678901234567890123456.123456789012, "day": "2026-02-28",
-        "at": "2026-11-21T08:05:03.123456Z", "local": "2026-11-21T10:05:03.500000", "tags": ["x", "", "ünï"],
-        "counts": {"one": 1, "two": 2}, "geo": {"lat": Decimal("52.5"), "lon": Decimal("-13.25")},
-        "doc": {"deep": {"x": "y"}, "list": [1, "two", None, True], "n": Decimal("1.10")},
-        "items": [{"sku": "s1", "price": 9.99}, {"sku": "s2", "price": "0.50"}],
-        "groups": {"e": [], "g": [1, 2, 9007199254740993]},
-        "visit": {"at": "2026-11-21T08:00:00.000000Z", "page": "/home"},
-    }
-    b = {**common, "k": "b", "n": 1, "amounts": [], "last_at": None, **dict.fromkeys(FIELDS), **tail}
-    return [a | tail, b]
+def variant_json(value: dict[str, bytes] | None) -> Any:
+    """A VARIANT as delta-rs reads it (its binary encoding), as exact JSON."""
+    return None if value is None else exact(VariantVal(value["value"], value["metadata"]).toJson())
 
 
-def published_lines(home: Path, window: Window) -> list[dict[str, Any]]:
-    (part,) = (home / "published" / "typed_values" / f"window={window.key}" / "pane=1").glob("*.jsonl")
-    lines = part.read_text().splitlines()
-    return [json.loads(line, parse_float=Decimal) for line in lines]
+def window_rows(window: Window, raw_version: int) -> list[dict[str, Any]]:
+    """The window table's rows, as delta-rs reads them (the variant decoded with `variant_json`)."""
+    start, end = (datetime.fromtimestamp(ms / 1000, UTC) for ms in (window.start_ms, window.end_ms))
+    common = {"window_start": start, "window_end": end, "raw_version": raw_version, "pane": 1, "timing": "on_time"}
+    a = {**common, "k": "a", "n": 2, "amounts": [Decimal("1.50"), Decimal("12345678901234.25")], "last_at": AT,
+         **VALUES, "doc": exact(DOC)}
+    b = {**common, "k": "b", "n": 1, "amounts": [], "last_at": None, **dict.fromkeys(FIELDS)}
+    return [a, b]
+
+
+def published_lines(window: Window, raw_version: int) -> list[str]:
+    """The published file's lines, exactly (rows sorted by their text)."""
+    start, end = (datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+                  for ms in (window.start_ms, window.end_ms))
+    head = f'{{"window_start":"{start}","window_end":"{end}",'
+    tail = f'"raw_version":{raw_version},"pane":1,"timing":"on_time"}}'
+    a = (
+        f'{head}"k":"a","n":2,"amounts":["1.50","12345678901234.25"],"last_at":"2026-11-21T08:05:03.123456Z",'
+        '"amount":"12345678901234.25","wide":"1234567.123456789012","day":"2026-02-28",'
+        '"at":"2026-11-21T08:05:03.123456Z","local":"2026-11-21T10:05:03.500000","tags":["x","","ünï"],'
+        f'"counts":{{"one":1,"two":2}},"geo":{{"lat":52.5,"lon":-13.25}},"doc":{DOC},'
+        '"items":[{"sku":"s1","price":"9.99"},{"sku":"s2","price":"0.50"}],"groups":{"e":[],"g":[1,2,9007199254740993]},'
+        f'"visit":{{"at":"2026-11-21T08:00:00.000000Z","page":"/home"}},{tail}'
+    )
+    nulls = "".join(f'"{name}":null,' for name in FIELDS)
+    b = f'{head}"k":"b","n":1,"amounts":[],"last_at":null,{nulls}{tail}'
+    return [a, b]
+
+
+def bigquery_rows(window: Window, raw_version: int) -> list[dict[str, Any]]:
+    """The BigQuery table's rows: JSON columns come back parsed (numbers as INT64 or FLOAT64), a NULL array as []."""
+    start, end = (datetime.fromtimestamp(ms / 1000, UTC) for ms in (window.start_ms, window.end_ms))
+    common = {"window_start": start, "window_end": end, "raw_version": raw_version, "pane": 1, "timing": "on_time"}
+    doc = {"big": 9007199254740993, "deep": {"x": "y"}, "list": [1, "two", None, True], "n": 1.1,
+           "p": 0.1234567890123456789}
+    a = {**common, "k": "a", "n": 2, "amounts": [Decimal("1.50"), Decimal("12345678901234.25")], "last_at": AT,
+         **VALUES, "counts": {"one": 1, "two": 2}, "doc": doc, "groups": {"e": [], "g": [1, 2, 9007199254740993]}}
+    b = {**common, "k": "b", "n": 1, "amounts": [], "last_at": None, **dict.fromkeys(FIELDS),
+         "tags": [], "items": []}
+    return [a, b]
+
+
+def columns(fields: list[bigquery.SchemaField]) -> list[tuple[Any, ...]]:
+    return [(f.name, f.field_type, f.mode, *([columns(list(f.fields))] if f.fields else [])) for f in fields]
 
 
 @pytest.mark.engine_paths
@@ -129,25 +178,33 @@ def test_every_type_round_trips_from_a_record_to_the_sinks(
     runtime = open_source(pipeline, lake)
     drain(lambda: spark, runtime)
 
-    print("DEAD", read_rows(lake.table_path(pipeline.dead_letter_table), ["reason", "detail"]))
-    raw = read_rows(runtime.raw_path, ["record_id", *TYPED])
-    assert {row[0]: dict(zip(TYPED, row[1:], strict=True)) for row in raw} == expected_raw()
+    # raw: every record valid, each typed column holding the record's value
+    assert read_rows(lake.table_path(pipeline.dead_letter_table), ["reason", "detail"]) == []
+    raw = {row["record_id"]: row for row in DeltaTable(runtime.raw_path).to_pyarrow_table().to_pylist()}
+    got = {rid: {**{f: row[f] for f in FIELDS}, "doc": variant_json(row["doc"])} for rid, row in raw.items()}
+    assert got == {"a1": {**dict.fromkeys(FIELDS), "amount": Decimal("1.50")},
+                   "a2": {**VALUES, "doc": exact(DOC)}, "b1": dict.fromkeys(FIELDS)}
 
+    # the window table: the transform's columns with their types, and its values
     windows_path = lake.table_path(output.table)
-    results = materialize(spark, pipeline, output, window, lake, runtime.raw_path, windows_path)
-    from deltalake import DeltaTable
-    print("WINDOW SCHEMA", DeltaTable(windows_path).schema())
-    print("WINDOW ROWS", DeltaTable(windows_path).to_pyarrow_table().to_pylist())
-    print("ARROW", spark.sql(f"SELECT * FROM delta.`{windows_path}`").toArrow().to_pylist())
+    (result,) = materialize_windows(spark, pipeline, output, [window], window.end_ms,
+                                    CloseStore(lake.panes(), output.asset), runtime.raw_path, windows_path)
+    table = DeltaTable(windows_path)
+    schema = T.StructType.fromJson(json.loads(table.schema().to_json()))
+    assert [(f.name, f.dataType.simpleString()) for f in schema] == WINDOW_COLUMNS
+    rows = sorted(table.to_pyarrow_table().to_pylist(), key=lambda row: row["k"])
+    assert [{**row, "doc": variant_json(row["doc"])} for row in rows] == window_rows(window, result.raw_version)
+
+    # publish: the file sink's JSON lines, exactly, and the BigQuery table's columns and rows
     sinks = output_sinks(output, lake.sink_root(), lake.staging_root(), bigquery_client.project)
     context = CommitContext(CommitStore(lake.commits()), bigquery=lambda project: bigquery_emulator.client(project))
-    outcomes = publish_closed(spark, context, output, sinks, windows_path, results, "run", "run")
-    assert [o.outcome for o in outcomes.values()] == ["done"]
+    outcomes = publish_closed(spark, context, output, sinks, windows_path, [result], "run", "run")
+    assert [(o.outcome, o.error) for o in outcomes.values()] == [("done", None)]
+    (part,) = (home / "published" / "typed_values" / f"window={window.key}" / "pane=1").glob("*.jsonl")
+    assert part.read_text(encoding="utf-8").splitlines() == published_lines(window, result.raw_version)
 
-    assert published_lines(home, window) == expected_lines(window)
-
-
-def materialize(spark, pipeline, output, window, lake, raw_path, windows_path):
-    from jobs.windows import materialize_windows
-    return materialize_windows(spark, pipeline, output, [window], window.end_ms, CloseStore(lake.panes(), output.asset),
-                               raw_path, windows_path)
+    bigquery_table = f"{bigquery_client.project}.{dataset}.typed_values"
+    assert columns(bigquery_client.get_table(bigquery_table).schema) == BIGQUERY_COLUMNS
+    found = sorted((dict(row) for row in bigquery_client.query_and_wait(f"SELECT * FROM `{bigquery_table}`")),
+                   key=lambda row: row["k"])
+    assert found == bigquery_rows(window, result.raw_version)
