@@ -171,8 +171,8 @@ class RawJson:
 
 
 def json_value(name: str, value: Any, kind: SinkType) -> Any:
-    """`value` (as pyarrow's `to_pylist` gives it) in its published JSON form; `ValueError` naming the column path
-    `name` for a value that does not fit `kind`."""
+    """`value` (as pyarrow's `to_pylist` gives it; a VARIANT as its JSON text) in its published JSON form;
+    `ValueError` naming the column path `name` for a value that does not fit `kind`."""
     if value is None:
         return None
     if kind.kind == "ARRAY" and isinstance(value, list | tuple):
