@@ -13,15 +13,12 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from jobs.commit_step import CommitContext, CommitStep, sha256_hex
+from jobs.sink_types import bigquery_field, parse_sink_type
 from resources.commit_store import asset_key_part
 
 if TYPE_CHECKING:
     from google.cloud import bigquery
 
-_BQ_TYPES = frozenset(
-    {"STRING", "INT64", "INTEGER", "NUMERIC", "BIGNUMERIC", "FLOAT64", "FLOAT", "BOOL", "BOOLEAN", "TIMESTAMP",
-     "DATE", "DATETIME"}
-)
 SUMMABLE_TYPES = frozenset({"INT64", "INTEGER", "NUMERIC", "BIGNUMERIC"})
 _COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,299}$")
 _PROJECT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.:-]{0,127}$")
@@ -33,8 +30,8 @@ class BigQueryLoad(CommitStep):
     """Make the BigQuery table `project.dataset.table` hold exactly pane `pane`'s rows for one window.
 
     The rows are the newline-delimited JSON files `files` ((key, sha256) pairs under `files_root`, normally the
-    finalized shards of the file sink), with columns `schema` ((name, BigQuery type) pairs; `window_start`
-    TIMESTAMP and `pane` INT64 among them). `execute`:
+    finalized shards of the file sink), with columns `schema` ((name, sink type) pairs, see `jobs.sink_types`;
+    `window_start` TIMESTAMP and `pane` INT64 among them). `execute`:
 
     1. creates the table if it does not exist (the dataset must exist);
     2. loads the files into a staging table beside it (truncating it) with a load job;
@@ -76,8 +73,9 @@ class BigQueryLoad(CommitStep):
                 raise ValueError(f"invalid BigQuery dataset or table name {name!r}: letters, digits and '_' only")
         columns = dict(self.schema)
         for name, kind in self.schema:
-            if not _COLUMN.match(name) or kind not in _BQ_TYPES:
+            if not _COLUMN.match(name):
                 raise ValueError(f"invalid BigQuery column {name!r} {kind!r}")
+            bigquery_field(name, parse_sink_type(kind))
         for name in ("window_start", "pane", *self.key_columns, *(c for c, _ in self.expected_sums)):
             if name not in columns:
                 raise ValueError(f"BigQuery schema {self.schema} lacks the column {name!r}")
@@ -103,9 +101,7 @@ class BigQueryLoad(CommitStep):
         return sha256_hex(json.dumps(identity).encode())[:16]
 
     def _schema(self) -> list[bigquery.SchemaField]:
-        from google.cloud import bigquery
-
-        return [bigquery.SchemaField(name, kind) for name, kind in self.schema]
+        return [bigquery_field(name, parse_sink_type(kind)) for name, kind in self.schema]
 
     def verify(self, ctx: CommitContext) -> bool:
         from google.api_core.exceptions import NotFound

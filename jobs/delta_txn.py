@@ -24,6 +24,7 @@ from typing import Any
 
 from deltalake import DeltaTable, Schema
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.table import TableFeatures
 from deltalake.transaction import AddAction, CommitProperties, Transaction
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
@@ -62,24 +63,46 @@ def create_table_once(
     if path in _created and (("://" in path) or os.path.isdir(f"{path}/_delta_log")):
         return  # the common case: this process made or saw it, and it is still there
     try:
-        DeltaTable(path)
+        _complete_protocol(DeltaTable(path), schema)
         _created.add(path)
         return
     except TableNotFoundError:
         pass
     try:
-        DeltaTable.create(path, Schema.from_json(schema.json()), mode="error",
-                          partition_by=list(partitioned_by) or None, configuration=properties)
+        table = DeltaTable.create(path, Schema.from_json(schema.json()), mode="error",
+                                  partition_by=list(partitioned_by) or None, configuration=properties)
     except Exception:
         # The winner of the race may still be writing its first commit when this create fails: give it a moment.
         for _ in range(CREATE_RACE_CHECKS):
             try:
-                DeltaTable(path)
-                return
+                table = DeltaTable(path)
+                break
             except TableNotFoundError:
                 time.sleep(0.5)
-        raise  # the create failed, and not because someone else created the table
+        else:
+            raise  # the create failed, and not because someone else created the table
+    _complete_protocol(table, schema)
     _created.add(path)
+
+
+def _complete_protocol(table: DeltaTable, schema: T.StructType) -> None:
+    """Add the `invariants` writer feature to a table with table features (delta-rs lists `timestampNtz`,
+    `variantType` for such columns) and a NOT NULL field: Delta's own writer refuses the table without it, and
+    delta-rs does not list it. Also run where the table exists: a crash or a racing creator may not have got to it.
+    """
+    features = table.protocol().writer_features
+    if features is None or "invariants" in features or not _has_not_null(schema):
+        return
+    try:
+        table.alter.add_feature(TableFeatures.Invariants)
+    except Exception:
+        if "invariants" not in (DeltaTable(table.table_uri).protocol().writer_features or ()):
+            raise  # not a racing writer having added it first
+
+
+def _has_not_null(schema: T.StructType) -> bool:
+    return any(not f.nullable or (isinstance(f.dataType, T.StructType) and _has_not_null(f.dataType))
+               for f in schema.fields)
 
 
 @contextmanager

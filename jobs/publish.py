@@ -23,13 +23,14 @@ import json
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
+from datetime import UTC, datetime
 from decimal import Decimal, localcontext
 from typing import TYPE_CHECKING, Any
 
 from jobs.bigquery_load import SUMMABLE_TYPES, BigQueryLoad
 from jobs.commit_step import CommitStep, sha256_hex
 from jobs.commit_steps import CommitSequence, FileFinalize, HighWatermark, sequence_id
+from jobs.sink_types import SinkType, json_text, json_value, parse_sink_type, timestamp_text
 from resources.commit_store import DEFAULT_MAX_ATTEMPTS, CommitStore, asset_key_part
 from resources.faults import crash_point
 from resources.object_store import open_store
@@ -80,8 +81,9 @@ def publish_pane(
 ) -> PublishedPane:
     """Write pane `pane` of `window` as temp files plus the commit sequence that publishes them.
 
-    `rows` are the pane's rows (dicts, or a pyarrow table) with exactly the columns of `schema` ((name, BigQuery
-    type) pairs); TIMESTAMP values must be timezone-aware datetimes, NUMERIC values `Decimal` or `int`. If the
+    `rows` are the pane's rows (dicts, or a pyarrow table) with exactly the columns of `schema` ((name, sink type)
+    pairs, see `jobs.sink_types`, which also says how each type is written); TIMESTAMP values must be
+    timezone-aware datetimes, NUMERIC values `Decimal` or `int`. If the
     schema has `window_start` and `pane` columns, every row must belong to this window and pane. `window` needs
     only `start_ms`, `end_ms` and `key` (a `jobs.panes.Window`). Only final panes are published: `pane` must be
     at least 1. The rows are written as files under `sink_root` (which a BigQuery load reads); with neither a
@@ -102,8 +104,9 @@ def publish_pane(
     if existing is not None:
         return PublishedPane(CommitSequence.from_record(existing), False)
 
-    schema = tuple((name, kind.upper()) for name, kind in schema)
-    lines = sorted(_render(row, schema, window, pane) for row in _row_dicts(rows))
+    types = tuple((name, parse_sink_type(kind)) for name, kind in schema)
+    schema = tuple((name, str(kind)) for name, kind in types)
+    lines = sorted(_render(row, types, window, pane) for row in _row_dicts(rows))
     shards = [lines[i : i + rows_per_shard] for i in range(0, len(lines), rows_per_shard)] or [[]]
     finalizes = [] if sink_root is None else _write_temp_shards(sink_root, pane_prefix(asset, window.key, pane), shards)
     steps: list[CommitStep] = list(finalizes)
@@ -159,53 +162,18 @@ def _row_dicts(rows: Iterable[Mapping[str, Any]] | pa.Table) -> Iterable[Mapping
     return to_pylist() if callable(to_pylist) else rows
 
 
-def _render(row: Mapping[str, Any], schema: tuple[tuple[str, str], ...], window: Window, pane: int) -> bytes:
+def _render(row: Mapping[str, Any], schema: tuple[tuple[str, SinkType], ...], window: Window, pane: int) -> bytes:
     """One row as canonical JSON: columns in schema order, values in the form BigQuery loads losslessly."""
     names = [name for name, _ in schema]
     if set(row) != set(names):
         raise ValueError(f"row columns {sorted(row)} differ from the schema's {names}")
-    values = {name: _json_value(name, row[name], kind) for name, kind in schema}
-    if "window_start" in values and values["window_start"] != _timestamp("window_start", window.start_ms):
+    values = {name: json_value(name, row[name], kind) for name, kind in schema}
+    start = timestamp_text("window_start", datetime.fromtimestamp(window.start_ms / 1000, UTC))
+    if "window_start" in values and values["window_start"] != start:
         raise ValueError(f"row {values} is not in window {window.key}")
     if "pane" in values and values["pane"] != pane:
         raise ValueError(f"row {values} is not in pane {pane}")
-    return json.dumps(values, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def _timestamp(name: str, value: datetime | int) -> str:
-    if isinstance(value, int):
-        value = datetime.fromtimestamp(value / 1000, UTC)
-    if value.tzinfo is None:
-        raise ValueError(f"column {name}: TIMESTAMP values must be timezone-aware, got {value!r}")
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-_SCALE = {"NUMERIC": 9, "BIGNUMERIC": 38}  # BigQuery would round finer values, and the checksums would differ
-
-
-def _json_value(name: str, value: Any, kind: str) -> Any:
-    if value is None:
-        return None
-    if kind == "TIMESTAMP" and isinstance(value, datetime):
-        return _timestamp(name, value)
-    if kind in ("NUMERIC", "BIGNUMERIC") and isinstance(value, Decimal | int) and not isinstance(value, bool):
-        exponent = Decimal(value).as_tuple().exponent
-        if not isinstance(exponent, int) or -exponent > _SCALE[kind]:
-            raise ValueError(f"column {name}: {value!r} has more than {_SCALE[kind]} decimal places ({kind})")
-        return format(Decimal(value), "f")  # a string: JSON numbers would go through binary floating point
-    if kind in ("INT64", "INTEGER") and isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if kind in ("FLOAT64", "FLOAT") and isinstance(value, float | int) and not isinstance(value, bool):
-        return float(value)
-    if kind in ("BOOL", "BOOLEAN") and isinstance(value, bool):
-        return value
-    if kind == "STRING" and isinstance(value, str):
-        return value
-    if kind == "DATE" and isinstance(value, date) and not isinstance(value, datetime):
-        return value.isoformat()
-    if kind == "DATETIME" and isinstance(value, datetime) and value.tzinfo is None:
-        return value.isoformat()
-    raise ValueError(f"column {name}: {type(value).__name__} value {value!r} does not fit BigQuery type {kind}")
+    return json_text(values).encode()
 
 
 def _sums(lines: list[bytes], schema: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str | None], ...]:

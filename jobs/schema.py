@@ -1,4 +1,4 @@
-"""Record schemas as pipelines declare them (a Spark DDL string), parsed without Spark, and their type mappings.
+"""Record schemas as pipelines declare them (a Spark DDL string), parsed without Spark.
 
 `parse_schema` reads the DDL subset a JSON record can fill (`name TYPE [NOT NULL] [COMMENT '...']`, comma-
 separated) into a pyspark `StructType`, so a declaration with an unknown type fails when the code location loads,
@@ -196,28 +196,3 @@ def sql_string(text: str) -> str:
 def sql_strings(texts: Iterable[str]) -> str:
     """`texts` as a SQL array literal of strings (see `sql_string`)."""
     return f"array({', '.join(map(sql_string, texts))})"
-
-
-def bigquery_type(data_type: T.DataType) -> str:
-    """The BigQuery column type that holds `data_type` exactly; `ValueError` for types without one."""
-    if isinstance(data_type, T.StringType):
-        return "STRING"
-    if isinstance(data_type, INTEGRAL):
-        return "INT64"
-    if isinstance(data_type, T.DecimalType):
-        # NUMERIC is DECIMAL(38, 9) with 29 integer digits; anything wider needs BIGNUMERIC.
-        return "NUMERIC" if data_type.scale <= 9 and data_type.precision - data_type.scale <= 29 else "BIGNUMERIC"
-    if isinstance(data_type, T.FloatType | T.DoubleType):
-        return "FLOAT64"
-    if isinstance(data_type, T.BooleanType):
-        return "BOOL"
-    if isinstance(data_type, T.TimestampType):
-        return "TIMESTAMP"
-    if isinstance(data_type, T.TimestampNTZType):
-        return "DATETIME"
-    if isinstance(data_type, T.DateType):
-        return "DATE"
-    raise ValueError(
-        f"{data_type.simpleString()} has no column type in the sinks (supported: strings, integers, decimals, "
-        "floating point, booleans, dates and timestamps)"
-    )

@@ -11,14 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pyarrow as pa
-from pyspark.sql import SparkSession
+from pyspark.sql import Column, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from jobs.commit_step import CommitContext
 from jobs.commit_steps import CommitResult, run_sequence
 from jobs.declaration import BigQuerySink, FileSink, WindowedOutput
 from jobs.panes import Window
 from jobs.publish import BigQueryTarget, publish_pane
-from jobs.schema import bigquery_type
+from jobs.sink_types import sink_type
 from jobs.windows import WindowResult
 
 
@@ -54,9 +56,9 @@ def output_sinks(
 
 
 def window_table_schema(spark: SparkSession, windows_path: str) -> list[tuple[str, str]]:
-    """The window table's columns as (name, BigQuery type): what a published pane's rows hold."""
+    """The window table's columns as (name, sink type): what a published pane's rows hold."""
     schema = spark.read.format("delta").load(windows_path).schema
-    return [(f.name, bigquery_type(f.dataType)) for f in schema]
+    return [(f.name, str(sink_type(f.dataType))) for f in schema]
 
 
 def publish_closed(
@@ -100,10 +102,35 @@ def pane_rows(spark: SparkSession, windows_path: str, window: Window, pane: int)
     Raises `RuntimeError` if the table holds another pane of the window, e.g. a newer one merged by a concurrent
     run: publishing reads exactly the pane it was asked to publish.
     """
-    table = spark.sql(
-        f"SELECT * FROM delta.`{windows_path}` WHERE window_start = timestamp_millis({window.start_ms})"
-    ).toArrow()
+    rows = spark.sql(f"SELECT * FROM delta.`{windows_path}` WHERE window_start = timestamp_millis({window.start_ms})")
+    table = rows.select(*(_variants_as_json(F.col(f"`{f.name}`"), f.dataType).alias(f.name) for f in rows.schema)).toArrow()
     found = set(table.column("pane").to_pylist())
     if found - {pane}:
         raise RuntimeError(f"window {window.key} holds panes {sorted(found)} in {windows_path}, not pane {pane}")
     return table
+
+
+def _variants_as_json(column: Column, data_type: T.DataType) -> Column:
+    """`column` with every VARIANT in it (at any depth) as its JSON text, the form the sinks take it in: the
+    variant's own Arrow form does not survive a NULL variant on Spark Connect, and its JSON text is exact."""
+    if isinstance(data_type, T.VariantType):
+        return F.to_json(column)
+    if not _has_variant(data_type):
+        return column
+    if isinstance(data_type, T.ArrayType):
+        return F.transform(column, lambda element: _variants_as_json(element, data_type.elementType))
+    if isinstance(data_type, T.MapType):
+        return F.transform_values(column, lambda _, value: _variants_as_json(value, data_type.valueType))
+    assert isinstance(data_type, T.StructType)
+    fields = [_variants_as_json(column[f.name], f.dataType).alias(f.name) for f in data_type.fields]
+    return F.when(column.isNotNull(), F.struct(*fields))
+
+
+def _has_variant(data_type: T.DataType) -> bool:
+    if isinstance(data_type, T.ArrayType):
+        return _has_variant(data_type.elementType)
+    if isinstance(data_type, T.MapType):
+        return _has_variant(data_type.valueType)
+    if isinstance(data_type, T.StructType):
+        return any(_has_variant(f.dataType) for f in data_type.fields)
+    return isinstance(data_type, T.VariantType)

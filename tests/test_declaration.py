@@ -10,7 +10,8 @@ import pytest
 from pyspark.sql import types as T
 
 from jobs.durations import check_window_size, parse_duration, window_cron
-from jobs.schema import SchemaError, bigquery_type, parse_schema
+from jobs.schema import SchemaError, parse_schema
+from jobs.sink_types import sink_type
 from orchestration.api import (
     BigQuerySink,
     DeclarationError,
@@ -118,9 +119,12 @@ def test_schemas_parse_without_spark_and_map_to_bigquery() -> None:
     ]
     with pytest.raises(SchemaError, match="MAP keys must be STRING"):
         parse_schema("m MAP<INT, INT>")
-    assert [bigquery_type(t) for t in (T.LongType(), T.DecimalType(38, 9), T.DecimalType(38, 10), T.DoubleType(),
-                                       T.TimestampType(), T.TimestampNTZType(), T.DateType(), T.BooleanType())] == [
+    assert [str(sink_type(t)) for t in (T.LongType(), T.DecimalType(38, 9), T.DecimalType(38, 10), T.DoubleType(),
+                                         T.TimestampType(), T.TimestampNTZType(), T.DateType(), T.BooleanType())] == [
         "INT64", "NUMERIC", "BIGNUMERIC", "FLOAT64", "TIMESTAMP", "DATETIME", "DATE", "BOOL"
+    ]
+    assert [str(sink_type(f.dataType)) for f in schema][4:] == [
+        "ARRAY<STRING>", "MAP<STRING, INT64>", "STRUCT<lat FLOAT64, lon FLOAT64>", "JSON"
     ]
 
 
@@ -134,10 +138,18 @@ def test_a_transform_output_without_a_declared_key_fails_naming_it() -> None:
     reserved = T.StructType([T.StructField("region", T.StringType()), T.StructField("pane", T.IntegerType())])
     with pytest.raises(DeclarationError, match="outputs 'pane', a column onceflow adds itself"):
         check_transform_output(pipeline, output, reserved)
-    nested = T.StructType([T.StructField("region", T.StringType()), T.StructField("l", T.ArrayType(T.LongType()))])
-    with pytest.raises(DeclarationError, match="output column 'l': array<bigint> has no column type in the sinks"):
-        check_transform_output(dataclasses.replace(pipeline, outputs=[dataclasses.replace(output, sinks=[FileSink()])]),
-                               dataclasses.replace(output, sinks=[FileSink()]), nested)
+    to_files = dataclasses.replace(output, sinks=[FileSink()])
+    binary = T.StructType([T.StructField("region", T.StringType()), T.StructField("b", T.BinaryType())])
+    with pytest.raises(DeclarationError, match="pipeline 'orders': output 'region_sales': output column 'b': "
+                                               "binary has no column type in the sinks"):
+        check_transform_output(pipeline, to_files, binary)
+    # An array of arrays goes to files, but BigQuery's arrays cannot hold arrays.
+    nested = T.StructType([T.StructField("region", T.StringType()),
+                           T.StructField("l", T.ArrayType(T.ArrayType(T.LongType())))])
+    check_transform_output(pipeline, to_files, nested)
+    with pytest.raises(DeclarationError, match="pipeline 'orders': output 'region_sales': output column 'l': "
+                                               "column 'l': ARRAY<ARRAY<INT64>>: BigQuery arrays cannot hold arrays"):
+        check_transform_output(pipeline, dataclasses.replace(output, sinks=[BigQuerySink(table="t")]), nested)
 
 
 def test_a_bad_setting_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:

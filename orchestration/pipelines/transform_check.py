@@ -18,8 +18,15 @@ from collections.abc import Callable
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
-from jobs.declaration import IDENTIFIER, WINDOW_BOOKKEEPING, DeclarationError, Pipeline, WindowedOutput
-from jobs.schema import bigquery_type
+from jobs.declaration import (
+    IDENTIFIER,
+    WINDOW_BOOKKEEPING,
+    BigQuerySink,
+    DeclarationError,
+    Pipeline,
+    WindowedOutput,
+)
+from jobs.sink_types import bigquery_field, sink_type
 from jobs.windows import transform_output
 from resources.object_store import ObjectStore
 
@@ -71,8 +78,11 @@ def check_transform_output(pipeline: Pipeline, output: WindowedOutput, columns: 
         if not IDENTIFIER.match(name):
             fail(f"output column {name!r}: name it with letters, digits and '_' (use .alias)")
     if output.sinks:
+        to_bigquery = any(isinstance(sink, BigQuerySink) for sink in output.sinks)
         for f in columns:
             try:
-                bigquery_type(f.dataType)
+                kind = sink_type(f.dataType)
+                if to_bigquery:
+                    bigquery_field(f.name, kind)
             except ValueError as error:
                 fail(f"output column {f.name!r}: {error}")
