@@ -20,6 +20,7 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from bench.datasets import BenchmarkError, Source
+from bench.memory import PeakRss
 from jobs.ingest_result import IngestResult
 from jobs.micro_batch import run_micro_batch
 from jobs.source_reader import open_source
@@ -53,6 +54,8 @@ class Run:
     dead_lettered: dict[str, int]
     load_avg_1m_before: float
     load_avg_1m_after: float
+    rss_before_bytes: int
+    peak_rss_bytes: int  # of the driver while timed (`bench.memory`)
 
     @property
     def records_per_s(self) -> float:
@@ -80,15 +83,16 @@ def drain_once(
         results: list[IngestResult] = []
         batch_seconds: list[float] = []
         load_before = os.getloadavg()[0]
-        start = time.perf_counter()
-        while True:
-            batch_start = time.perf_counter()
-            result = run_micro_batch(lambda: spark, runtime)
-            if result is None:
-                break
-            batch_seconds.append(time.perf_counter() - batch_start)
-            results.append(result)
-        seconds = time.perf_counter() - start
+        with PeakRss() as rss:
+            start = time.perf_counter()
+            while True:
+                batch_start = time.perf_counter()
+                result = run_micro_batch(lambda: spark, runtime)
+                if result is None:
+                    break
+                batch_seconds.append(time.perf_counter() - batch_start)
+                results.append(result)
+            seconds = time.perf_counter() - start
         load_after = os.getloadavg()[0]
         ids = DeltaTable(runtime.raw_path).to_pyarrow_table(columns=["record_id"]).column("record_id")
         return Run(
@@ -106,6 +110,8 @@ def drain_once(
             dead_lettered=_sum_counts(r.dead_lettered for r in results),
             load_avg_1m_before=load_before,
             load_avg_1m_after=load_after,
+            rss_before_bytes=rss.before,
+            peak_rss_bytes=rss.peak,
         )
     finally:
         if owned:

@@ -39,6 +39,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from bench.datasets import BenchmarkError, Source
+from bench.memory import PeakRss
 
 CONTENDERS = ("streaming_dedup", "streaming_merge", "floor")
 WATERMARK = "24 hours"  # the events span six hours: no state is evicted before its duplicates arrive
@@ -58,6 +59,8 @@ class PeerRun:
     input_rows: int | None  # what the stream's progress reports say it read
     load_avg_1m_before: float
     load_avg_1m_after: float
+    rss_before_bytes: int
+    peak_rss_bytes: int  # of the driver while timed (`bench.memory`)
     duplicates_after_replay: int | None = None
     replay: dict[str, Any] = field(default_factory=dict)
     examined: Any = None  # what the caller's `examine` made of the table
@@ -142,7 +145,9 @@ class _Stream:
         the checkpoint said so), run the query again on its checkpoint: the duplicates the table then holds, and
         what the replay did. Trailing no-data batches (run only to move the watermark) could not have run before
         that crash: they go too."""
-        root, version, (rows, _) = Path(self.checkpoint), RsDeltaTable(self.table).version(), _table_counts(self.table, self.source.dataset.id_field)
+        id_field = self.source.dataset.id_field
+        root, version = Path(self.checkpoint), RsDeltaTable(self.table).version()
+        rows, _, _ = _table_counts(self.table, id_field)
         last = max(int(p.name) for p in (root / "commits").iterdir() if p.name.isdigit())
         dropped: list[int] = []
         while last > 0 and _source_offset(root, last) == _source_offset(root, last - 1):
@@ -153,11 +158,11 @@ class _Stream:
         runs = self._replay(spark)
         if not (root / "commits" / str(last)).exists():
             raise BenchmarkError(f"{self.contender}: the replay did not run batch {last} again (no commit for it)")
-        rows_after, distinct_after = _table_counts(self.table, self.source.dataset.id_field)
+        rows_after, _, repeated = _table_counts(self.table, id_field)
         report = {"replayed_batch": last, "dropped_no_data_batches": dropped, "runs": runs,
                   "failed_runs": [r["failure"] for r in runs if r["failure"]],
                   "table_commits": RsDeltaTable(self.table).version() - version, "rows_added": rows_after - rows}
-        return rows_after - distinct_after, report
+        return repeated, report
 
     def _replay(self, spark: SparkSession, tries: int = 3) -> list[dict[str, Any]]:
         """Restart the query on its checkpoint, with Spark's default settings, until a run ends cleanly (as a
@@ -201,9 +206,11 @@ def _caused_by(error: BaseException, condition: str) -> str | None:
     return None
 
 
-def _table_counts(table: str, id_field: str) -> tuple[int, int]:
+def _table_counts(table: str, id_field: str) -> tuple[int, int, int]:
+    """Rows, distinct IDs, and rows that repeat an ID (a malformed line's row without an ID repeats none)."""
     ids = RsDeltaTable(table).to_pyarrow_table(columns=[id_field]).column(id_field)
-    return len(ids), pc.count_distinct(ids).as_py()
+    distinct = pc.count_distinct(ids).as_py()
+    return len(ids), distinct, len(ids) - ids.null_count - distinct
 
 
 def run_contender(
@@ -217,17 +224,19 @@ def run_contender(
     table = str(scratch / "table")
     try:
         load_before, input_rows = os.getloadavg()[0], None
-        if contender == "floor":
-            start = time.perf_counter()
-            events(spark, source, streaming=False).write.format("delta").mode("append").save(table)
-            seconds, batches = time.perf_counter() - start, 1
-        else:
-            stream = _Stream(contender, source, table, str(scratch / "checkpoint"), f"bench-{uuid.uuid4().hex}")
-            seconds, query = stream.run(spark)
-            batches, input_rows = len(query.recentProgress), sum(p.numInputRows for p in query.recentProgress)
+        stream = _Stream(contender, source, table, str(scratch / "checkpoint"), f"bench-{uuid.uuid4().hex}")
+        with PeakRss() as rss:
+            if contender == "floor":
+                start = time.perf_counter()
+                events(spark, source, streaming=False).write.format("delta").mode("append").save(table)
+                seconds, batches = time.perf_counter() - start, 1
+            else:
+                seconds, query = stream.run(spark)
+                batches, input_rows = len(query.recentProgress), sum(p.numInputRows for p in query.recentProgress)
         load_after = os.getloadavg()[0]
-        result = PeerRun(contender, round_no, seconds, source.records, *_table_counts(table, source.dataset.id_field),
-                         batches, input_rows, load_before, load_after, examined=examine and examine(table))
+        rows, distinct, _ = _table_counts(table, source.dataset.id_field)
+        result = PeerRun(contender, round_no, seconds, source.records, rows, distinct, batches, input_rows,
+                         load_before, load_after, rss.before, rss.peak, examined=examine and examine(table))
         if contender != "floor" and replay:
             result.duplicates_after_replay, result.replay = stream.replay_check(spark)
         return result

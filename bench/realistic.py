@@ -110,7 +110,7 @@ def _maybe(record: dict[str, Any], name: str, value: Any, rng: random.Random, ab
 
 
 def event(moment: datetime, rng: random.Random, purchase: bool = False) -> dict[str, Any]:
-    """Event `i` as its producer sends it."""
+    """One event as its producer sends it (a purchase, with `purchase`)."""
     action = "purchase" if purchase else rng.choices([a for a, _ in ACTIONS], [w for _, w in ACTIONS])[0]
     user = rng.randrange(1, 50_000)
     record: dict[str, Any] = {

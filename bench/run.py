@@ -45,7 +45,6 @@ from bench import chart, ingest_throughput, peer, report
 from bench.datasets import CLEAN, BenchmarkError, Dataset, Source
 from bench.ingest_throughput import Config
 from bench.latency import BURST_EVENTS, BURSTS, DRAIN_EVENTS, latency
-from bench.memory import PeakRss
 from bench.realistic import REALISTIC
 from bench.same_rows import Judge
 from bench.table_growth import BATCH_RECORDS, BATCHES, SIZES, parse_sizes, table_growth
@@ -120,17 +119,15 @@ def run_one(
     # for the files another contender just wrote or deleted.
     os.sync()
     if contender not in ONCEFLOW:
-        with PeakRss() as rss:
-            run = peer.run_contender(spark, contender, source, work, round_no, replay=replay,
-                                     examine=lambda table: judge.peer(contender, round_no, table))
+        run = peer.run_contender(spark, contender, source, work, round_no, replay=replay,
+                                 examine=lambda table: judge.peer(contender, round_no, table))
         peer.check(run, source)
         record = {**asdict(run), "records_per_s": run.records_per_s, "same_rows": run.examined}
         record.pop("examined")
-        return {**record, "rss_before_bytes": rss.before, "peak_rss_bytes": rss.peak}
+        return record
     home = Path(tempfile.mkdtemp(prefix=f"home-{contender}-", dir=work))
     try:
-        with PeakRss() as rss:
-            drained = ingest_throughput.drain_once(spark, source, contender, work, round_no, home)
+        drained = ingest_throughput.drain_once(spark, source, contender, work, round_no, home)
         ingest_throughput.check(drained, source)
         tables = open_source(source.dataset.pipeline(source.directory, contender, source.files_per_batch),
                              LakeResource(home=str(home)))
@@ -139,7 +136,6 @@ def run_one(
             "rows": drained.raw_rows, "distinct_ids": drained.raw_distinct_ids,
             "records_per_s": drained.records_per_s, "duplicates_after_replay": None, **asdict(drained),
             "same_rows": judge.onceflow(contender, round_no, tables.raw_path, tables.dead_letter_path),
-            "rss_before_bytes": rss.before, "peak_rss_bytes": rss.peak,
         }
         if replay and contender == "exactly_once":
             record.update(replay_last_batch(spark, source, home))
