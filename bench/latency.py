@@ -37,7 +37,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
-from bench.ingest_throughput import BenchmarkError
+from bench.datasets import BenchmarkError
 from jobs.declaration import PubSubSource
 from jobs.ingest_result import IngestResult
 from jobs.micro_batch import run_micro_batch

@@ -1,15 +1,18 @@
 """The peer a Spark user would pick instead of onceflow, and the floor (DESIGN.md section 10, benchmarks 3 and 5).
 
 Written as a competent Spark user writes them, on onceflow's benchmark session and settings, over the same
-JSON-lines files (`bench.ingest_throughput.write_source`: events plus 10% publisher retries):
+JSON-lines files (a data set of `bench.datasets`), with the same schema: the data set's record schema, its ID
+and its event time (`Dataset.reader_schema`), converted by Spark's JSON reader as onceflow converts them:
 
 - `streaming_dedup`: Structured Streaming file source (`maxFilesPerTrigger`), a generous event-time watermark,
-  `dropDuplicatesWithinWatermark(["event_id"])`, a `foreachBatch` Delta append made idempotent by the writer
+  `dropDuplicatesWithinWatermark` on the ID, a `foreachBatch` Delta append made idempotent by the writer
   options `txnAppId` / `txnVersion` (= batch id); `trigger(availableNow=True)`.
 - `streaming_merge`: the same stream without the stateful dedup; `foreachBatch` drops duplicates inside the batch
-  and runs an insert-only MERGE on `event_id`, made idempotent by the session settings
+  and runs an insert-only MERGE on the ID, made idempotent by the session settings
   `spark.databricks.delta.write.txnAppId` / `txnVersion` (Delta's way for MERGE).
 - `floor`: `spark.read.json` then a Delta append. No dedup at all.
+
+Like any Spark JSON read, a malformed line becomes a row with NULLs where its values did not convert.
 
 Timed: for the streams, `start()` until `awaitTermination()` returns (every micro-batch and its commit; not the
 query's definition, not creating the MERGE target); for the floor, its one read-and-write action. Counting the
@@ -35,28 +38,13 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from bench.ingest_throughput import BenchmarkError
+from bench.datasets import BenchmarkError, Source
+from bench.memory import PeakRss
 
 CONTENDERS = ("streaming_dedup", "streaming_merge", "floor")
-# Explicit, as a streaming file source requires; the types onceflow's `events` pipeline gives these fields.
-SCHEMA = "event_id STRING, event_time BIGINT, key STRING, value DECIMAL(38, 9)"
 WATERMARK = "24 hours"  # the events span six hours: no state is evicted before its duplicates arrive
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
-
-
-@dataclass(frozen=True)
-class Source:
-    """The JSON-lines directory every contender reads, and how many records (non-empty lines) it holds."""
-
-    directory: Path
-    files_per_batch: int
-    records: int
-
-    @classmethod
-    def of(cls, directory: Path, files_per_batch: int) -> Source:
-        lines = (line for path in directory.glob("*.jsonl") for line in path.read_text().splitlines())
-        return cls(directory, files_per_batch, sum(1 for line in lines if line.strip()))
 
 
 @dataclass
@@ -71,8 +59,11 @@ class PeerRun:
     input_rows: int | None  # what the stream's progress reports say it read
     load_avg_1m_before: float
     load_avg_1m_after: float
+    rss_before_bytes: int
+    peak_rss_bytes: int  # of the driver while timed (`bench.memory`)
     duplicates_after_replay: int | None = None
     replay: dict[str, Any] = field(default_factory=dict)
+    examined: Any = None  # what the caller's `examine` made of the table
 
     @property
     def records_per_s(self) -> float:
@@ -80,13 +71,16 @@ class PeerRun:
 
 
 def events(spark: SparkSession, source: Source, streaming: bool) -> DataFrame:
-    """The source files as typed events: `event_time` (epoch millis in the files) becomes a TIMESTAMP."""
+    """The source files as typed records; an event time in epoch millis becomes a TIMESTAMP."""
+    dataset = source.dataset
     if streaming:
-        reader = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", source.files_per_batch)
+        reader = spark.readStream.schema(dataset.reader_schema).option("maxFilesPerTrigger", source.files_per_batch)
         raw = reader.json(str(source.directory))
     else:
-        raw = spark.read.schema(SCHEMA).json(str(source.directory))
-    return raw.withColumn("event_time", F.timestamp_millis("event_time"))
+        raw = spark.read.schema(dataset.reader_schema).json(str(source.directory))
+    if dataset.time_as_millis:
+        return raw.withColumn(dataset.time_field, F.timestamp_millis(dataset.time_field))
+    return raw
 
 
 def _append_sink(table: str, app_id: str) -> Callable[[DataFrame, int], None]:
@@ -98,7 +92,7 @@ def _append_sink(table: str, app_id: str) -> Callable[[DataFrame, int], None]:
     return append
 
 
-def _merge_sink(table: str, app_id: str) -> Callable[[DataFrame, int], None]:
+def _merge_sink(table: str, app_id: str, id_field: str) -> Callable[[DataFrame, int], None]:
     from delta.tables import DeltaTable
 
     def merge(batch: DataFrame, batch_id: int) -> None:
@@ -108,7 +102,7 @@ def _merge_sink(table: str, app_id: str) -> Callable[[DataFrame, int], None]:
         try:
             (
                 DeltaTable.forPath(spark, table).alias("t")
-                .merge(batch.dropDuplicates(["event_id"]).alias("s"), "t.event_id = s.event_id")
+                .merge(batch.dropDuplicates([id_field]).alias("s"), f"t.`{id_field}` = s.`{id_field}`")
                 .whenNotMatchedInsertAll()
                 .execute()
             )
@@ -131,13 +125,15 @@ class _Stream:
 
     def run(self, spark: SparkSession) -> tuple[float, StreamingQuery]:
         """Start the query and wait until it has drained the source; times exactly that."""
-        stream = events(spark, self.source, streaming=True).withWatermark("event_time", WATERMARK)
+        dataset = self.source.dataset
+        stream = events(spark, self.source, streaming=True).withWatermark(dataset.time_field, WATERMARK)
         if self.contender == "streaming_dedup":
-            stream, sink = stream.dropDuplicatesWithinWatermark(["event_id"]), _append_sink(self.table, self.app_id)
+            stream = stream.dropDuplicatesWithinWatermark([dataset.id_field])
+            sink = _append_sink(self.table, self.app_id)
         else:
             empty = spark.createDataFrame([], events(spark, self.source, streaming=False).schema)
             empty.write.format("delta").mode("ignore").save(self.table)  # so the first batch is a MERGE too
-            sink = _merge_sink(self.table, self.app_id)
+            sink = _merge_sink(self.table, self.app_id, dataset.id_field)
         writer = stream.writeStream.foreachBatch(sink).option("checkpointLocation", self.checkpoint)
         start = time.perf_counter()
         query = writer.trigger(availableNow=True).start()
@@ -149,7 +145,9 @@ class _Stream:
         the checkpoint said so), run the query again on its checkpoint: the duplicates the table then holds, and
         what the replay did. Trailing no-data batches (run only to move the watermark) could not have run before
         that crash: they go too."""
-        root, version, (rows, _) = Path(self.checkpoint), RsDeltaTable(self.table).version(), _table_counts(self.table)
+        id_field = self.source.dataset.id_field
+        root, version = Path(self.checkpoint), RsDeltaTable(self.table).version()
+        rows, _, _ = _table_counts(self.table, id_field)
         last = max(int(p.name) for p in (root / "commits").iterdir() if p.name.isdigit())
         dropped: list[int] = []
         while last > 0 and _source_offset(root, last) == _source_offset(root, last - 1):
@@ -160,11 +158,11 @@ class _Stream:
         runs = self._replay(spark)
         if not (root / "commits" / str(last)).exists():
             raise BenchmarkError(f"{self.contender}: the replay did not run batch {last} again (no commit for it)")
-        rows_after, distinct_after = _table_counts(self.table)
+        rows_after, _, repeated = _table_counts(self.table, id_field)
         report = {"replayed_batch": last, "dropped_no_data_batches": dropped, "runs": runs,
                   "failed_runs": [r["failure"] for r in runs if r["failure"]],
                   "table_commits": RsDeltaTable(self.table).version() - version, "rows_added": rows_after - rows}
-        return rows_after - distinct_after, report
+        return repeated, report
 
     def _replay(self, spark: SparkSession, tries: int = 3) -> list[dict[str, Any]]:
         """Restart the query on its checkpoint, with Spark's default settings, until a run ends cleanly (as a
@@ -208,31 +206,37 @@ def _caused_by(error: BaseException, condition: str) -> str | None:
     return None
 
 
-def _table_counts(table: str) -> tuple[int, int]:
-    ids = RsDeltaTable(table).to_pyarrow_table(columns=["event_id"]).column("event_id")
-    return len(ids), pc.count_distinct(ids).as_py()
+def _table_counts(table: str, id_field: str) -> tuple[int, int, int]:
+    """Rows, distinct IDs, and rows that repeat an ID (a malformed line's row without an ID repeats none)."""
+    ids = RsDeltaTable(table).to_pyarrow_table(columns=[id_field]).column(id_field)
+    distinct = pc.count_distinct(ids).as_py()
+    return len(ids), distinct, len(ids) - ids.null_count - distinct
 
 
 def run_contender(
-    spark: SparkSession, contender: str, source: Source, work: Path, round_no: int, replay: bool = True
+    spark: SparkSession, contender: str, source: Source, work: Path, round_no: int, replay: bool = True,
+    examine: Callable[[str], Any] | None = None,
 ) -> PeerRun:
-    """One timed run of `contender` into a fresh table under `work` (removed afterwards); for a stream, with
-    `replay`, then the replay check."""
+    """One timed run of `contender` into a fresh table under `work` (removed afterwards); `examine` looks at the
+    table (its path) before the replay check, its result kept as `examined`; for a stream, with `replay`, then the
+    replay check."""
     scratch = Path(tempfile.mkdtemp(prefix=f"{contender}-", dir=work))
     table = str(scratch / "table")
     try:
         load_before, input_rows = os.getloadavg()[0], None
-        if contender == "floor":
-            start = time.perf_counter()
-            events(spark, source, streaming=False).write.format("delta").mode("append").save(table)
-            seconds, batches = time.perf_counter() - start, 1
-        else:
-            stream = _Stream(contender, source, table, str(scratch / "checkpoint"), f"bench-{uuid.uuid4().hex}")
-            seconds, query = stream.run(spark)
-            batches, input_rows = len(query.recentProgress), sum(p.numInputRows for p in query.recentProgress)
+        stream = _Stream(contender, source, table, str(scratch / "checkpoint"), f"bench-{uuid.uuid4().hex}")
+        with PeakRss() as rss:
+            if contender == "floor":
+                start = time.perf_counter()
+                events(spark, source, streaming=False).write.format("delta").mode("append").save(table)
+                seconds, batches = time.perf_counter() - start, 1
+            else:
+                seconds, query = stream.run(spark)
+                batches, input_rows = len(query.recentProgress), sum(p.numInputRows for p in query.recentProgress)
         load_after = os.getloadavg()[0]
-        result = PeerRun(contender, round_no, seconds, source.records, *_table_counts(table), batches, input_rows,
-                         load_before, load_after)
+        rows, distinct, _ = _table_counts(table, source.dataset.id_field)
+        result = PeerRun(contender, round_no, seconds, source.records, rows, distinct, batches, input_rows,
+                         load_before, load_after, rss.before, rss.peak, examined=examine and examine(table))
         if contender != "floor" and replay:
             result.duplicates_after_replay, result.replay = stream.replay_check(spark)
         return result
@@ -240,16 +244,18 @@ def run_contender(
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def check(run: PeerRun, events_count: int) -> None:
-    """Fail loudly unless the table holds what the contender promises — every event once (the floor: every
-    record) — and the stream read every record."""
-    expected_rows = run.records if run.contender == "floor" else events_count
+def check(run: PeerRun, source: Source) -> None:
+    """Fail loudly unless the stream read every record and the table's counts can hold what the contender promises:
+    every valid record once (the floor: every line), beside at most one row per malformed line (its values, and
+    whether it holds the valid rows' values: `bench.same_rows`)."""
+    expected_rows = source.records - source.malformed if run.contender == "floor" else source.events
     problems = []
-    if run.rows != expected_rows:
-        problems.append(f"table has {run.rows} rows, expected {expected_rows}")
-    if run.distinct_ids != events_count:
-        problems.append(f"table has {run.distinct_ids} distinct event ids, expected {events_count}")
+    if not expected_rows <= run.rows <= expected_rows + source.malformed:
+        problems.append(f"table has {run.rows} rows, expected {expected_rows} (+ up to {source.malformed} malformed)")
+    if not source.events <= run.distinct_ids <= source.events + source.malformed:
+        problems.append(f"table has {run.distinct_ids} distinct ids, expected {source.events} "
+                        f"(+ up to {source.malformed} malformed)")
     if run.input_rows is not None and run.input_rows != run.records:
         problems.append(f"the stream read {run.input_rows} records, expected {run.records}")
     if problems:
-        raise BenchmarkError(f"{run.contender} round {run.round}: " + "; ".join(problems))
+        raise BenchmarkError(f"{run.contender} round {run.round} ({source.dataset.name}): " + "; ".join(problems))

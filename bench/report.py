@@ -1,8 +1,9 @@
-"""The combined benchmark report: `bench/results/latest.json`, its chart `latest.png`, and the printed table.
+"""The combined benchmark report: `bench/results/latest.json`, its chart `latest.png` (`bench.chart`), and the
+printed tables, one per data set.
 
 Every figure is a median over the timed rounds of one contender; every ratio is between two medians of the same
-run (same files, same Spark session and settings). A ratio whose contender did not run (`--only`) is null.
-`duplicates_after_replay` is the worst round's.
+run (same files, same Spark session and settings), or between two runs of the same round. A ratio whose
+contender did not run (`--only`) is null. `duplicates_after_replay` and `peak_rss_bytes` are the worst round's.
 """
 
 from __future__ import annotations
@@ -27,10 +28,6 @@ TIMED = {
     "streaming_merge": "start() to termination: availableNow, foreachBatch dropDuplicates + insert-only MERGE",
     "floor": "spark.read.json -> write delta append (one action)",
 }
-COLORS = {
-    "exactly_once": "tab:blue", "at_least_once": "tab:orange", "streaming_dedup": "tab:green",
-    "streaming_merge": "tab:olive", "floor": "tab:gray",
-}
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -50,9 +47,20 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "rows": mine[0]["rows"],
             "distinct_ids": mine[0]["distinct_ids"],
             "duplicates_after_replay": max(replays) if replays else None,
+            "peak_rss_bytes": max(r["peak_rss_bytes"] for r in mine),
+            "same_rows": _same_rows(mine),
             "timed": TIMED[contender],
         }
     return summary
+
+
+def _same_rows(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """What the comparison with exactly-once's valid rows found (the same in every round, or it failed the run)."""
+    compared = [r["same_rows"] for r in runs if r["same_rows"] is not None]
+    if not compared:
+        return None
+    last = compared[-1]
+    return {key: last[key] for key in ("valid_rows", "valid_ids", "kept_dead_letters", "other_rows")}
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -69,9 +77,22 @@ def round_ratios(summary: dict[str, dict[str, Any]], contender: str, other: str)
 
 
 def build(
-    config: Config, runs: list[dict[str, Any]], table_growth: dict[str, Any] | None, latency: dict[str, Any] | None
+    config: Config, datasets: list[dict[str, Any]], table_growth: dict[str, Any] | None,
+    latency: dict[str, Any] | None,
 ) -> dict[str, Any]:
     """The JSON-ready report (without `machine`, `spark` and timestamps, which `bench.run` adds)."""
+    return {
+        "benchmark": "onceflow ingest: modes, Structured Streaming peer, floor; per data set",
+        "config": {**asdict(config), "peer_watermark": peer.WATERMARK},
+        "datasets": {d["dataset"]: dataset(config, d) for d in datasets},
+        "table_growth": table_growth,
+        "latency": latency,
+    }
+
+
+def dataset(config: Config, ran: dict[str, Any]) -> dict[str, Any]:
+    """One data set's part of the report: what its files held, each contender's summary and the ratios."""
+    runs = ran["runs"]
     summary = summarize(runs)
 
     def rps(contender: str) -> float | None:
@@ -81,31 +102,26 @@ def build(
         return summary[contender]["duplicates_after_replay"] if contender in summary else None
 
     onceflow = rps("exactly_once")
-    by_round = {other: round_ratios(summary, "exactly_once", other)
-                for other in ("at_least_once", "streaming_dedup")}
+    by_round = {other: round_ratios(summary, "exactly_once", other) for other in summary if other != "exactly_once"}
     failures = sorted({f for r in runs if r["contender"] in peer.CONTENDERS for f in r["replay"].get("failed_runs", [])})
     return {
-        "benchmark": "onceflow ingest: modes, Structured Streaming peer, floor",
-        "config": {
-            **asdict(config),
-            "records": config.records,
-            "contenders": list(summary),
-            "peer_watermark": peer.WATERMARK,
-            "order": f"a warm-up round (discarded), then {config.rounds} rounds of " + " ".join(summary)
-            + ", reversed in even rounds",
-        },
+        "description": ran["description"],
+        "files": {**ran["files"], "count": config.files, "per_batch": config.files_per_batch},
+        "order": f"a warm-up round (discarded), then {config.rounds} rounds of " + " ".join(summary)
+        + ", reversed in even rounds",
+        "exactly_once_ratio_by_round": by_round,
         "ingest_modes": {
             "exactly_once_rps": onceflow,
             "at_least_once_rps": rps("at_least_once"),
             "ratio": _ratio(onceflow, rps("at_least_once")),
-            "ratio_by_round": by_round["at_least_once"],
+            "ratio_by_round": by_round.get("at_least_once"),
             "target_ratio": 0.8,
         },
         "peer": {
             "onceflow_rps": onceflow,
             "peer_rps": rps("streaming_dedup"),
             "throughput_ratio": _ratio(onceflow, rps("streaming_dedup")),
-            "throughput_ratio_by_round": by_round["streaming_dedup"],
+            "throughput_ratio_by_round": by_round.get("streaming_dedup"),
             "merge_peer_rps": rps("streaming_merge"),
             "merge_throughput_ratio": _ratio(onceflow, rps("streaming_merge")),
             "target_ratio": 1.0,
@@ -115,45 +131,49 @@ def build(
             # How restarts of the streams after the lost commit failed, if any did (see bench.peer._Stream._replay).
             "replay_failed_runs": failures,
         },
-        "floor": {
-            "onceflow_rps": onceflow,
-            "floor_rps": rps("floor"),
-            "fraction": _ratio(onceflow, rps("floor")),
-        },
-        "table_growth": table_growth,
-        "latency": latency,
+        "floor": {"onceflow_rps": onceflow, "floor_rps": rps("floor"), "fraction": _ratio(onceflow, rps("floor"))},
         "contenders": summary,
         "runs": runs,
     }
 
 
 def table(result: dict[str, Any]) -> str:
-    """The final printed table: median records/s per contender, and exactly_once's median divided by it."""
-    summary = result["contenders"]
-    onceflow = summary.get("exactly_once", {}).get("median_records_per_s")
-    header = f"{'contender':<16} {'median records/s':>17} {'exactly_once ÷ it':>18} {'dups after replay':>18}"
-    lines = [header] if summary else []
-    for name, row in summary.items():
-        ratio = _ratio(onceflow, row["median_records_per_s"])
-        dups = row["duplicates_after_replay"]
-        lines.append(
-            f"{name:<16} {row['median_records_per_s']:>17,.0f} {'-' if ratio is None else f'{ratio:.2f}':>18} "
-            f"{'-' if dups is None else dups:>18}"
-        )
-    return "\n".join([*lines, *extras(result)])
+    """The final printed tables: per data set, median records/s per contender, exactly_once's median divided by
+    it, its round-by-round ratios, and what each table held beside the valid rows; then the other benchmarks."""
+    lines = []
+    for name, ran in result["datasets"].items():
+        summary = ran["contenders"]
+        files = ran["files"]
+        lines += ["", f"{name}: {ran['description']}; {files['lines']:,} lines, {files['events']:,} distinct valid "
+                  "records", f"{'contender':<16} {'median records/s':>17} {'exactly_once ÷ it':>18} "
+                  f"{'dups after replay':>18} {'peak RSS MiB':>13}"]
+        onceflow = summary.get("exactly_once", {}).get("median_records_per_s")
+        for contender, row in summary.items():
+            ratio = _ratio(onceflow, row["median_records_per_s"])
+            dups = row["duplicates_after_replay"]
+            lines.append(
+                f"{contender:<16} {row['median_records_per_s']:>17,.0f} {'-' if ratio is None else f'{ratio:.2f}':>18} "
+                f"{'-' if dups is None else dups:>18} {row['peak_rss_bytes'] / 2**20:>13,.0f}"
+            )
+        for other, by_round in ran["exactly_once_ratio_by_round"].items():
+            if by_round:
+                lines.append(f"exactly_once ÷ {other}, round by round: " + " ".join(f"{r:.2f}" for r in by_round))
+        for contender, row in summary.items():
+            same = row["same_rows"]
+            if same and (same["kept_dead_letters"] or same["other_rows"]):
+                kept = ", ".join(f"{n} {reason}" for reason, n in same["kept_dead_letters"].items())
+                lines.append(f"{contender} kept rows onceflow dead-lettered: {kept or 'none'}; "
+                             f"{same['other_rows']} rows without an ID onceflow knows")
+    return "\n".join([*lines, *extras(result)]).strip("\n")
 
 
-def _num(value: float | None, unit: str = "") -> str:
+def fmt(value: float | None, unit: str = "") -> str:
     return "-" if value is None else f"{value:.2f}{unit}"
 
 
 def extras(result: dict[str, Any]) -> list[str]:
-    """Printed lines for the round-by-round ratios, `table_growth` and `latency`, when they ran."""
+    """Printed lines for `table_growth` and `latency`, when they ran."""
     lines = []
-    for label, by_round in (("at_least_once", result.get("ingest_modes", {}).get("ratio_by_round")),
-                            ("streaming_dedup", result.get("peer", {}).get("throughput_ratio_by_round"))):
-        if by_round:
-            lines.append(f"exactly_once ÷ {label}, round by round: " + " ".join(f"{r:.2f}" for r in by_round))
     growth, latency = result.get("table_growth"), result.get("latency")
     if growth:
         for rows, size in growth["sizes"].items():
@@ -162,99 +182,16 @@ def extras(result: dict[str, Any]) -> list[str]:
                          f"filter rebuild {size['filter_rebuild_s']:.2f} s")
         small, large = growth["ratio_sizes"]
         lines.append(f"table_growth {large:,} / {small:,} rows: with the fast path "
-                     f"x{_num(growth['ratio_with_fast_path'])}, without x{_num(growth['ratio_without'])}")
+                     f"x{fmt(growth['ratio_with_fast_path'])}, without x{fmt(growth['ratio_without'])}")
     if latency:
-        lines.append(f"latency: publish -> raw committed p50 {_num(latency['publish_to_raw_p50_s'], ' s')}, "
-                     f"p90 {_num(latency['publish_to_raw_p90_s'], ' s')}; drain "
+        lines.append(f"latency: publish -> raw committed p50 {fmt(latency['publish_to_raw_p50_s'], ' s')}, "
+                     f"p90 {fmt(latency['publish_to_raw_p90_s'], ' s')}; drain "
                      f"{latency['landed_records_per_s']:,.0f} records/s; tick -> commit: "
-                     f"{_num(latency['tick_to_commit_median_s'], ' s')} ({latency.get('tick_to_commit_note', '')})")
+                     f"{fmt(latency['tick_to_commit_median_s'], ' s')} ({latency.get('tick_to_commit_note', '')})")
     return lines
 
 
-def write(result: dict[str, Any], directory: Path) -> tuple[Path, Path]:
-    json_path, png_path = directory / "latest.json", directory / "latest.png"
-    json_path.write_text(json.dumps(result, indent=2) + "\n")
-    chart(result, png_path)
-    return json_path, png_path
-
-
-def chart(result: dict[str, Any], path: Path) -> None:
-    """Median records/s per contender as bars (log scale), each round's value as a dot, exactly_once ÷ it under
-    each bar; beside it the table growth panel when that ran; the latency figures as a footnote."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    growth, latency = result.get("table_growth"), result.get("latency")
-    bars = bool(result["contenders"]) or not growth
-    widths = [1.6] * bars + [1] * bool(growth)
-    fig, panels = plt.subplots(1, len(widths), figsize=(6 * sum(widths) + 0.4, 5), squeeze=False,
-                               gridspec_kw={"width_ratios": widths})
-    if bars:
-        contenders_chart(panels[0][0], result)
-    if growth:
-        growth_chart(panels[0][-1], growth)
-    loads = [x for r in result["runs"] for x in (r["load_avg_1m_before"], r["load_avg_1m_after"])]
-    if loads:
-        fig.text(0.01, 0.01, f"1-minute load average during the timed runs: {min(loads):.1f}-{max(loads):.1f}",
-                 fontsize=8)
-    if latency:
-        fig.text(0.99, 0.01, extras({"latency": latency})[0], fontsize=8, ha="right")
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def contenders_chart(axes: Any, result: dict[str, Any]) -> None:
-    """The contenders' bars (see `chart`)."""
-    summary, config, machine = result["contenders"], result["config"], result["machine"]
-    onceflow = summary.get("exactly_once", {}).get("median_records_per_s")
-    labels = []
-    for x, (name, row) in enumerate(summary.items()):
-        median = row["median_records_per_s"]
-        axes.bar(x, median, color=COLORS.get(name, "tab:purple"), alpha=0.8, width=0.6)
-        rounds = row["records_per_s_by_round"]
-        axes.scatter([x] * len(rounds), rounds, color="black", s=14, zorder=3, label="one round" if x == 0 else None)
-        axes.text(x, max([median, *rounds]) * 1.08, f"{median:,.0f}/s", ha="center", va="bottom", fontweight="bold")
-        ratio = _ratio(onceflow, median)
-        dups = row["duplicates_after_replay"]
-        labels.append(
-            f"{name}\n{row['rows']:,} rows"
-            + ("" if ratio is None else f"\nexactly_once ÷ it = {ratio:.2f}")
-            + ("" if dups is None else f"\n{dups} dups after replay")
-        )
-    axes.set_xticks(range(len(labels)), labels, fontsize=8)
-    axes.set_yscale("log")  # the floor is tens of times faster than anything that deduplicates
-    axes.set_ylabel("records / s (median of rounds; log scale)")
-    axes.margins(y=0.2)
-    if summary:
-        axes.legend(loc="upper left", fontsize=8)
-    axes.set_title(
-        f"{config['events']:,} events + {config['retry_fraction']:.0%} publisher retries = {config['records']:,} "
-        f"records in {config['files']} files, {config['files_per_batch']} files per batch; "
-        f"{config['rounds']} rounds; {machine['cpus']} cores",
-        fontsize=10,
-    )
-
-
-def growth_chart(axes: Any, growth: dict[str, Any]) -> None:
-    """Median seconds per batch against raw table rows, with and without the fast path; filter rebuilds noted."""
-    sizes = sorted(growth["sizes"].values(), key=lambda size: size["rows"])
-    rows = [size["rows"] for size in sizes]
-    lines = (("with_batch_s", "with fast path", "tab:blue"), ("without_batch_s", "without", "tab:red"))
-    for key, label, color in lines:
-        axes.plot(rows, [size[key] for size in sizes], "o-", color=color, label=label)
-    for size in sizes:
-        axes.annotate(f"rebuild {size['filter_rebuild_s']:.1f} s", (size["rows"], size["with_batch_s"]),
-                      textcoords="offset points", xytext=(0, -14), ha="center", fontsize=7)
-    axes.set_xscale("log")
-    axes.set_ylim(bottom=0)
-    axes.set_xlabel("raw table rows inside the dedup horizon")
-    axes.set_ylabel("seconds per batch (median)")
-    config = growth["config"]
-    axes.set_title(f"table growth: x{_num(growth['ratio_with_fast_path'])} with the fast path, "
-                   f"x{_num(growth['ratio_without'])} without\n({config['records_per_batch']:,} records per batch)",
-                   fontsize=9)
-    axes.legend(fontsize=8)
-    axes.grid(alpha=0.3)
+def write(result: dict[str, Any], directory: Path) -> Path:
+    path = directory / "latest.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    return path

@@ -1,7 +1,9 @@
-"""Run the benchmarks: `python -m bench.run [--only NAME] [--events N] [--rounds N]` (`make bench`).
+"""Run the benchmarks: `python -m bench.run [--dataset clean|realistic|both] [--only NAME] [--events N]
+[--rounds N]` (`make bench`).
 
-One process, one Spark session (started before any timing), one generated data set: the same JSON-lines files
-(events plus 10% publisher retries) are ingested by every contender —
+One process, one Spark session (started before any timing); per data set (`bench.datasets`: `clean`, events
+plus 10% publisher retries; `realistic`, a clickstream as producers write it), the same JSON-lines files are
+ingested by every contender —
 
 - `exactly_once`, `at_least_once`: onceflow's micro-batches (`bench.ingest_throughput.drain_once`);
 - `streaming_dedup`, `streaming_merge`: the Spark Structured Streaming peer (`bench.peer`);
@@ -12,7 +14,9 @@ order and then in reverse (see `run_contenders`), each run starting once the dis
 before it (`os.sync`); each figure is the median records/s per contender. Only the ingest itself is timed (see
 each module). After
 each timed run of `exactly_once` and of the streams, the last batch is replayed as after a crash between the sink
-commit and the checkpoint update, and the duplicates the table then holds are counted (not timed).
+commit and the checkpoint update, and the duplicates the table then holds are counted (not timed). Every table
+is compared with onceflow exactly-once's valid rows (`bench.same_rows`; not timed); the peak resident memory of
+the driver during each run is sampled (`bench.memory`).
 
 Then `table_growth` (`--growth-*`) and `latency` (`--latency-*`): `bench/table_growth.py`, `bench/latency.py`.
 Writes `bench/results/latest.json` and the chart `bench/results/latest.png` (see `bench/report.py`).
@@ -37,9 +41,12 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
-from bench import ingest_throughput, peer, report
-from bench.ingest_throughput import BenchmarkError, Config
+from bench import chart, ingest_throughput, peer, report
+from bench.datasets import CLEAN, BenchmarkError, Dataset, Source
+from bench.ingest_throughput import Config
 from bench.latency import BURST_EVENTS, BURSTS, DRAIN_EVENTS, latency
+from bench.realistic import REALISTIC
+from bench.same_rows import Judge
 from bench.table_growth import BATCH_RECORDS, BATCHES, SIZES, parse_sizes, table_growth
 from jobs.micro_batch import run_micro_batch
 from jobs.source_reader import open_source
@@ -52,6 +59,7 @@ ONCEFLOW = ingest_throughput.MODES  # exactly_once, at_least_once
 CONTENDERS = (*ONCEFLOW, *peer.CONTENDERS)
 EXTRAS = ("table_growth", "latency")
 ALIASES = {"ingest_throughput": ONCEFLOW}
+DATASETS = {d.name: d for d in (CLEAN, REALISTIC)}
 
 
 def machine() -> dict[str, Any]:
@@ -70,11 +78,12 @@ def machine() -> dict[str, Any]:
     }
 
 
-def replay_last_batch(spark: SparkSession, source_dir: Path, config: Config, home: Path) -> dict[str, Any]:
+def replay_last_batch(spark: SparkSession, files: Source, home: Path) -> dict[str, Any]:
     """The fault the peer's replay check injects, on onceflow: the lake committed the last batch, but the
     checkpoint's advance past it was lost. Roll the checkpoint back one batch, run the next micro-batch as the
     sensor would, and count rows minus distinct record ids in the raw table. Not timed."""
-    source = open_source(ingest_throughput.pipeline_for(source_dir, "exactly_once", config), LakeResource(home=str(home)))
+    pipeline = files.dataset.pipeline(files.directory, "exactly_once", files.files_per_batch)
+    source = open_source(pipeline, LakeResource(home=str(home)))
     last = source.checkpoints.load().committed_batch
     plan = source.checkpoints.get_plan(last)
     if plan is None:
@@ -103,67 +112,90 @@ def replay_last_batch(spark: SparkSession, source_dir: Path, config: Config, hom
 
 
 def run_one(
-    spark: SparkSession, contender: str, source: peer.Source, events: int, config: Config, work: Path,
-    round_no: int, replay: bool,
+    spark: SparkSession, contender: str, source: Source, work: Path, round_no: int, replay: bool, judge: Judge
 ) -> dict[str, Any]:
-    """One checked run of `contender` over `source` (`events` distinct events); the JSON-ready record of it."""
+    """One checked run of `contender` over `source`; the JSON-ready record of it."""
     # The disk's write-back of the runs before is done first: onceflow's checkpoints fsync, and would otherwise wait
     # for the files another contender just wrote or deleted.
     os.sync()
     if contender not in ONCEFLOW:
-        run = peer.run_contender(spark, contender, source, work, round_no, replay=replay)
-        peer.check(run, events)
-        return {**asdict(run), "records_per_s": run.records_per_s}
+        run = peer.run_contender(spark, contender, source, work, round_no, replay=replay,
+                                 examine=lambda table: judge.peer(contender, round_no, table))
+        peer.check(run, source)
+        record = {**asdict(run), "records_per_s": run.records_per_s, "same_rows": run.examined}
+        record.pop("examined")
+        return record
     home = Path(tempfile.mkdtemp(prefix=f"home-{contender}-", dir=work))
     try:
-        drained = ingest_throughput.drain_once(spark, source.directory, contender, config, work, round_no, home)
-        ingest_throughput.check(drained, events, source.records)
+        drained = ingest_throughput.drain_once(spark, source, contender, work, round_no, home)
+        ingest_throughput.check(drained, source)
+        tables = open_source(source.dataset.pipeline(source.directory, contender, source.files_per_batch),
+                             LakeResource(home=str(home)))
         record = {
             "contender": contender, "round": round_no, "seconds": drained.seconds, "records": drained.received,
             "rows": drained.raw_rows, "distinct_ids": drained.raw_distinct_ids,
             "records_per_s": drained.records_per_s, "duplicates_after_replay": None, **asdict(drained),
+            "same_rows": judge.onceflow(contender, round_no, tables.raw_path, tables.dead_letter_path),
         }
         if replay and contender == "exactly_once":
-            record.update(replay_last_batch(spark, source.directory, config, home))
+            record.update(replay_last_batch(spark, source, home))
         return record
     finally:
         shutil.rmtree(home, ignore_errors=True)
 
 
 def run_contenders(
-    spark: SparkSession, contenders: list[str], config: Config, log: Callable[[str], None]
-) -> list[dict[str, Any]]:
-    """A warm-up round (discarded), then `config.rounds` rounds of every contender, on the same files.
+    spark: SparkSession, dataset: Dataset, contenders: list[str], config: Config, log: Callable[[str], None]
+) -> dict[str, Any]:
+    """A warm-up round (discarded), then `config.rounds` rounds of every contender, on the same files of `dataset`:
+    what the files held, and the runs.
 
     The warm-up is the full data set: the JVM compiles its hot paths for the batch size being measured, which a
     small warm-up left for the first timed rounds to pay (those got faster round after round). The timed rounds
     run the contenders in order, then in reverse, and so on, so that no contender always runs first in its round
-    or always after the same neighbour.
+    or always after the same neighbour. The warm-up's exactly-once run is the reference every table is compared to.
     """
     os.environ.pop("ONCEFLOW_CRASH_AT", None)  # a leftover fault-injection setting would kill the benchmark
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="onceflow-bench-") as tmp:
         work = Path(tmp)
-        ingest_throughput.write_source(work / "source", config.events, config)
-        source = peer.Source.of(work / "source", config.files_per_batch)
-        if source.records != config.records:
-            raise BenchmarkError(f"{source.records} records written, expected {config.records}")
+        events = config.events or dataset.default_events
+        source = Source.write(dataset, work / "source", events, config.files, config.files_per_batch)
+        judge = Judge(source)
+        log(f"{dataset.name}: {source.records:,} lines, {source.events:,} distinct valid records, "
+            f"{source.detail}, malformed {source.dead_letters}")
+        if "exactly_once" not in contenders:
+            log(f"{dataset.name}: exactly_once does not run: no table is compared with its valid rows")
         for contender in contenders:
-            warm = run_one(spark, contender, source, config.events, config, work, 0, replay=False)
-            log(f"warm-up {contender}: {warm['records']} records in {warm['seconds']:.1f} s (discarded)")
+            warm = run_one(spark, contender, source, work, 0, replay=False, judge=judge)
+            log(f"{dataset.name} warm-up {contender}: {warm['records']} records in {warm['seconds']:.1f} s "
+                f"(discarded){_same_rows(warm['same_rows'])}")
         for round_no in range(1, config.rounds + 1):
             for contender in contenders if round_no % 2 else contenders[::-1]:
-                run = run_one(spark, contender, source, config.events, config, work, round_no, replay=True)
+                run = run_one(spark, contender, source, work, round_no, replay=True, judge=judge)
                 runs.append(run)
                 replayed = run["duplicates_after_replay"]
                 log(
-                    f"round {round_no} {contender}: {run['records']} records, {run['seconds']:.1f} s, "
+                    f"{dataset.name} round {round_no} {contender}: {run['records']} records, {run['seconds']:.1f} s, "
                     f"{run['records_per_s']:,.0f} records/s, {run['rows']} rows, {run['distinct_ids']} distinct"
                     + ("" if replayed is None else f", {replayed} duplicates after replay")
                     + "".join(f" [a replay run failed: {f}]" for f in run.get("replay", {}).get("failed_runs", []))
+                    + f", peak RSS {run['peak_rss_bytes'] / 2**20:,.0f} MiB"
                     + f" (load {run['load_avg_1m_before']:.2f} -> {run['load_avg_1m_after']:.2f})"
+                    + _same_rows(run["same_rows"])
                 )
-    return runs
+    files = {"lines": source.records, "events": source.events, **source.detail, "malformed": source.dead_letters}
+    return {"dataset": dataset.name, "description": dataset.description, "events": events, "files": files,
+            "runs": runs}
+
+
+def _same_rows(same: dict[str, Any] | None) -> str:
+    if same is None:
+        return ""
+    return (f"; same valid rows as exactly_once ({same['valid_rows']} rows of valid records"
+            + "".join(f", {n} kept that onceflow dead-lettered as {reason}"
+                      for reason, n in same["kept_dead_letters"].items())
+            + (f", {same['other_rows']} other rows" if same["other_rows"] else "") + ")")
 
 
 def _print(line: str) -> None:
@@ -182,13 +214,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--dataset", choices=[*DATASETS, "both"], default="both",
+                        help="the data set(s) the contenders ingest (default: both)")
     parser.add_argument(
         "--only", choices=[*CONTENDERS, *EXTRAS, *ALIASES], action="append",
         help="run only these (repeatable); ratios that lack a contender are null",
     )
     defaults = Config()
-    parser.add_argument("--events", type=int, default=defaults.events,
-                        help=f"events for every contender (default {defaults.events:,})")
+    parser.add_argument("--events", type=int, default=None,
+                        help="distinct valid records per data set (default: "
+                        + ", ".join(f"{d.name} {d.default_events:,}" for d in DATASETS.values()) + ")")
     parser.add_argument("--rounds", type=int, default=defaults.rounds,
                         help=f"timed rounds per contender (default {defaults.rounds})")
     parser.add_argument(
@@ -220,18 +255,20 @@ def main(argv: list[str] | None = None) -> int:
         )
         try:
             settings = {k: v for k, v in spark.sparkContext.getConf().getAll() if k in report.SPARK_SETTINGS}
-            runs = run_contenders(spark, contenders, config, _print) if contenders else []
+            names = list(DATASETS) if args.dataset == "both" else [args.dataset]
+            datasets = [run_contenders(spark, DATASETS[n], contenders, config, _print) for n in names if contenders]
             growth = table_growth(spark, args) if "table_growth" in extras else None
             lat = latency(spark, args) if "latency" in extras else None
         finally:
             spark.stop()
-    result = report.build(config, runs, growth, lat)
+    result = report.build(config, datasets, growth, lat)
     result["machine"] = {**machine(), "load_avg_before": load_before, "load_avg_after": os.getloadavg()}
     result["spark"] = settings
     result["started_at"] = datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds")
     result["elapsed_s"] = round(time.time() - started, 1)
     result["command"] = " ".join([Path(sys.executable).name, "-m", "bench.run", *sys.argv[1:]])
-    json_path, png_path = report.write(result, args.results)
+    json_path, png_path = report.write(result, args.results), args.results / "latest.png"
+    chart.chart(result, png_path)
     print(report.table(result), flush=True)
     print(f"wrote {json_path} and {png_path}", flush=True)
     return 0

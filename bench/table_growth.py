@@ -42,7 +42,7 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from bench.ingest_throughput import BenchmarkError, Config, pipeline_for
+from bench.datasets import CLEAN, BenchmarkError
 from jobs.ingest import bucket_of, ensure_tables
 from jobs.micro_batch import run_micro_batch
 from jobs.source_reader import SourceRuntime, open_source
@@ -153,7 +153,7 @@ def measure(
     end_ms = (int(time.time() * 1000) // HOUR_MS - 1) * HOUR_MS
     source_dir = work / "source"
     distinct = write_batches(source_dir, batches, batch_records, end_ms)
-    pipeline = pipeline_for(source_dir, "exactly_once", Config(files_per_batch=1))
+    pipeline = CLEAN.pipeline(source_dir, "exactly_once", files_per_batch=1)
     homes = {"without": work / "home-without", "with": work / "home-with"}
     start = time.perf_counter()
     bulk_load(spark, open_source(pipeline, LakeResource(home=str(homes["without"]))), rows, end_ms)
