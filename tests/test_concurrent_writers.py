@@ -4,7 +4,6 @@ a run is in flight. Outcomes are read back with delta-rs; counts must equal the 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -13,13 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
-import psutil
 import pytest
 from dagster._core.test_utils import create_run_for_test
 from pyspark.sql import SparkSession
 
 from jobs import batch_commit, ingest
 from jobs.micro_batch import run_micro_batch
+from jobs.run_worker import worker_tags
 from jobs.source_reader import SourceRuntime, open_source
 from orchestration.workload import expected_raw, make_events
 from resources.checkpoint import EpochStore
@@ -119,7 +118,7 @@ def test_two_app_ids_racing_one_record_commit_it_once(
     write_jsonl(incoming / "1.jsonl", [e.json_line() for e in events])
     lake = LakeResource(home=str(home))
     old = open_source(builtin("events"), lake)
-    EpochStore(lake.epochs()).advance("events")
+    EpochStore(lake.epochs()).advance("events", first_batch=1)  # as a reset with nothing committed does
     new = open_source(builtin("events"), lake)
     assert (old.app_id, new.app_id) == ("events/files", "events/files@1")
     commits_in_turn(monkeypatch)
@@ -145,9 +144,8 @@ def test_reset_refuses_while_a_micro_batch_run_is_in_flight(
                               text=True, timeout=120)
 
     with dg.DagsterInstance.get() as instance:
-        alive = {"onceflow/host": socket.gethostname(), "onceflow/pid": str(os.getpid()),
-                 "onceflow/pid_started": f"{psutil.Process().create_time():.3f}"}
-        run = create_run_for_test(instance, job_name="ingest_events", status=dg.DagsterRunStatus.STARTED, tags=alive)
+        run = create_run_for_test(instance, job_name="ingest_events", status=dg.DagsterRunStatus.STARTED)
+        instance.add_run_tags(run.run_id, worker_tags(run.run_id, os.getpid()))  # its worker: this live process
         refused = reset()
         assert refused.returncode == 1, refused.stdout + refused.stderr
         assert f"a micro-batch run of events is in flight (run {run.run_id} is STARTED)" in refused.stdout
