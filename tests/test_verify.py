@@ -33,7 +33,9 @@ def built(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory):
     events = [Event(f"v{i}", base + i * 3_000, f"k{i % 3}", i) for i in range(40)]
     closer = Event("closer", base + 5 * 60_000, "k0", 1)
     lines = [e.json_line() for e in [*events, *events[:5], closer]]
-    lines += [json.dumps({"event_id": f"bad-{i}", "event_time": base + 1000, "key": 5, "value": 1}) for i in range(3)]
+    # A boolean is no DECIMAL: wrong_type (a number for the STRING key would be its text, as Spark reads it).
+    lines += [json.dumps({"event_id": f"bad-{i}", "event_time": base + 1000, "key": "k0", "value": True})
+              for i in range(3)]
     write_events(root / "in" / "1.jsonl", [])
     (root / "in" / "1.jsonl").write_text("".join(f"{line}\n" for line in lines))
     pipeline = file_pipeline(root / "in")
