@@ -19,7 +19,7 @@ import itertools
 
 from pyspark.sql import types as T
 
-from jobs.schema import INTEGRAL, quoted
+from jobs.schema import INTEGRAL, quoted, type_ddl
 
 OPTIONS = (
     "map('columnNameOfCorruptRecord', '_corrupt', 'allowNonNumericNumbers', 'false', 'allowSingleQuotes', 'false', "
@@ -34,17 +34,6 @@ _YEARS = {
     T.TimestampType: ("TIMESTAMP'0001-01-01 00:00:00Z'", "TIMESTAMP'9999-12-31 23:59:59.999999Z'"),
     T.TimestampNTZType: ("TIMESTAMP_NTZ'0001-01-01 00:00:00'", "TIMESTAMP_NTZ'9999-12-31 23:59:59.999999'"),
 }
-
-
-def ddl(data_type: T.DataType) -> str:
-    """`data_type` as Spark DDL, field names quoted (nullability left out: the JSON reader ignores it)."""
-    if isinstance(data_type, T.StructType):
-        return f"STRUCT<{', '.join(f'{quoted(f.name)}: {ddl(f.dataType)}' for f in data_type.fields)}>"
-    if isinstance(data_type, T.ArrayType):
-        return f"ARRAY<{ddl(data_type.elementType)}>"
-    if isinstance(data_type, T.MapType):
-        return f"MAP<STRING, {ddl(data_type.valueType)}>"
-    return data_type.simpleString().upper()
 
 
 def wide(data_type: T.DataType) -> T.DataType:
@@ -67,7 +56,7 @@ def wide(data_type: T.DataType) -> T.DataType:
 
 def narrowed(data_type: T.DataType, value: str) -> str:
     """SQL: `value` (read as `wide(data_type)`) as `data_type`."""
-    return value if wide(data_type) == data_type else f"try_cast({value} AS {ddl(data_type)})"
+    return value if wide(data_type) == data_type else f"try_cast({value} AS {type_ddl(data_type)})"
 
 
 def strict(data_type: T.DataType, value: str, names: itertools.count | None = None) -> str | None:
@@ -81,7 +70,7 @@ def strict(data_type: T.DataType, value: str, names: itertools.count | None = No
     elif kind in _LIMITS:
         check = f"abs({value}) <= {_LIMITS[kind]}"  # false for NaN and the infinities
     elif isinstance(data_type, T.DecimalType):
-        check = f"try_cast({value} AS {ddl(data_type)}) = {value}"
+        check = f"try_cast({value} AS {type_ddl(data_type)}) = {value}"
     elif kind in _YEARS:
         check = f"{value} BETWEEN {_YEARS[kind][0]} AND {_YEARS[kind][1]}"
     elif isinstance(data_type, T.ArrayType | T.MapType):
@@ -208,4 +197,4 @@ def _node(data_type: T.DataType, value: str, path: str, names: itertools.count) 
         f"CASE WHEN NOT ({present}) THEN NULL WHEN {failed} THEN {_verdict(reason, data_type, value, path)} "
         f"WHEN NOT {check} THEN {_verdict(out_of_range, data_type, value, path)} END"
     )
-    return _let(f"from_json({text}, 'x {ddl(wide_type)}, _corrupt STRING', {OPTIONS})", converted, body)
+    return _let(f"from_json({text}, 'x {type_ddl(wide_type)}, _corrupt STRING', {OPTIONS})", converted, body)

@@ -183,6 +183,21 @@ class _Parser:
         return int(token)
 
 
+def type_ddl(data_type: T.DataType, *, for_reader: bool = True) -> str:
+    """`data_type` as Spark DDL. For a reader (`from_json`, a cast) field names are back-quoted and nullability is
+    left out (the JSON reader ignores it); for a message, names are plain and NOT NULL is kept."""
+    if isinstance(data_type, T.StructType):
+        fields = (f"{quoted(f.name) if for_reader else f.name}: {type_ddl(f.dataType, for_reader=for_reader)}"
+                  + ("" if for_reader or f.nullable else " NOT NULL") for f in data_type.fields)
+        return f"STRUCT<{', '.join(fields)}>"
+    if isinstance(data_type, T.ArrayType):
+        return f"ARRAY<{type_ddl(data_type.elementType, for_reader=for_reader)}>"
+    if isinstance(data_type, T.MapType):
+        key, value = (type_ddl(t, for_reader=for_reader) for t in (data_type.keyType, data_type.valueType))
+        return f"MAP<{key}, {value}>"
+    return data_type.simpleString().upper()
+
+
 def quoted(name: str) -> str:
     """`name` as a SQL identifier, however it is spelled (a field name may hold dots or spaces, never "`")."""
     return f"`{name}`"

@@ -30,7 +30,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
 from jobs.declaration import DeclarationError, Pipeline, WindowedOutput
-from jobs.schema import quoted
+from jobs.schema import quoted, type_ddl
 
 EVOLVE_TRIES = 5
 WAYS_OUT = (
@@ -65,17 +65,7 @@ def table_schema(path: str, version: int | None = None) -> T.StructType | None:
 
 def ddl(field: T.StructField) -> str:
     """`field`'s type as a declaration writes it (`DECIMAL(18,2) NOT NULL`, `STRUCT<a: INT NOT NULL>`)."""
-    return _type_ddl(field.dataType) + ("" if field.nullable else " NOT NULL")
-
-
-def _type_ddl(data_type: T.DataType) -> str:
-    if isinstance(data_type, T.StructType):
-        return f"STRUCT<{', '.join(f'{f.name}: {ddl(f)}' for f in data_type)}>"
-    if isinstance(data_type, T.ArrayType):
-        return f"ARRAY<{_type_ddl(data_type.elementType)}>"
-    if isinstance(data_type, T.MapType):
-        return f"MAP<{_type_ddl(data_type.keyType)}, {_type_ddl(data_type.valueType)}>"
-    return data_type.simpleString().upper()
+    return type_ddl(field.dataType, for_reader=False) + ("" if field.nullable else " NOT NULL")
 
 
 def differences(table: T.StructType, wanted: T.StructType, strict: bool) -> tuple[list[T.StructField], list[Mismatch]]:

@@ -29,8 +29,8 @@ from pyspark.sql import types as T
 
 from jobs.batch_values import with_batch_values
 from jobs.declaration import FileSource, Pipeline
-from jobs.record_fields import OPTIONS, ddl, failure, narrowed, strict, wide
-from jobs.schema import quoted
+from jobs.record_fields import OPTIONS, failure, narrowed, strict, wide
+from jobs.schema import quoted, type_ddl
 
 _BATCH_COLUMNS = ("_batch_time_ms", "_latest_ms", "_floor_ms", "_batch_time", "_latest", "_floor")
 
@@ -80,7 +80,7 @@ def _record_schema(contract: RecordContract) -> str:
     time fields that are not among them as STRING, and the corrupt-record column."""
     declared = {f.name for f in contract.schema}
     located = [name for name in (contract.id_field, contract.time_field) if name and name not in declared]
-    return ", ".join([*(f"{quoted(f.name)} {ddl(wide(f.dataType))}" for f in contract.schema),
+    return ", ".join([*(f"{quoted(f.name)} {type_ddl(wide(f.dataType))}" for f in contract.schema),
                       *(f"{quoted(name)} STRING" for name in dict.fromkeys(located)), "_corrupt STRING"])
 
 
