@@ -95,6 +95,8 @@ def local_stack(
     os.environ.clear()
     os.environ.update(env)
     stops: list[Callable[[], None]] = []
+    # A SIGTERM (a CI timeout, `kill`) unwinds the block like an exception, so the servers are stopped too.
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         say(f"starting the Pub/Sub emulator, the BigQuery emulator and the Spark engine path: {engine_path}")
         pubsub = start_pubsub_emulator()
@@ -134,8 +136,13 @@ def local_stack(
             stop()
         os.environ.clear()
         os.environ.update(saved)
+        signal.signal(signal.SIGTERM, previous)
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _bigquery(settings: dict[str, str], say: Callable[[str], None]) -> BigQueryEmulator | None:
