@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
 import subprocess
 import sys
 import time
@@ -133,15 +132,18 @@ class FaultInjector(Worker):
         return True
 
     def checkpoint_rollback(self) -> bool:
-        checkpoints = self.stack.home / "checkpoints"
-        copy = self.stack.workdir / "checkpoints-copy"
-        if not checkpoints.exists():
+        """The checkpoints replaced by a copy of themselves taken seconds before, through the store they live in
+        (local disk or `gs://`), as an operator restoring a backup would."""
+        checkpoints = self.stack.lake.checkpoints()
+        copy = {key: checkpoints.read(key) for key in checkpoints.list("")}
+        if not copy:
             return False
-        shutil.rmtree(copy, ignore_errors=True)
-        shutil.copytree(checkpoints, copy)
         time.sleep(self.rng.uniform(5, 15))  # batches go on committing meanwhile
-        shutil.rmtree(checkpoints, ignore_errors=True)
-        shutil.copytree(copy, checkpoints, dirs_exist_ok=True)
+        for key in checkpoints.list(""):
+            checkpoints.delete(key)
+        for key, data in copy.items():
+            if data is not None:
+                checkpoints.write(key, data)
         self.log.note("checkpoint_rollback", "checkpoints replaced by a copy taken seconds before")
         return True
 
