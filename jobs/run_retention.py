@@ -7,15 +7,11 @@ in flight and at the newest runs of a source, and a failed run's retry is create
 own runs go too. Runs still queued or running are never touched, whatever their age.
 """
 
-from __future__ import annotations
-
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
 import dagster as dg
-
-from jobs.declaration import Pipeline
 
 PRUNE_JOB = "prune_runs"
 FINISHED = [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
@@ -38,9 +34,10 @@ def prune_runs(
 
 
 def build_run_retention_job(
-    pipelines: list[Pipeline], retention_h: float
+    micro_batch_jobs: Sequence[str], retention_h: float
 ) -> tuple[dg.JobDefinition, dg.ScheduleDefinition]:
-    job_names = [f"ingest_{p.name}" for p in pipelines] + [PRUNE_JOB]
+    """The job pruning the runs of `micro_batch_jobs` (and its own), and its hourly schedule."""
+    job_names = [*micro_batch_jobs, PRUNE_JOB]
 
     @dg.op(name="prune_micro_batch_runs")
     def prune_op(context: dg.OpExecutionContext) -> None:

@@ -44,11 +44,12 @@ def build_definitions(settings: Settings | None = None) -> dg.Definitions:
     check_transforms(pipelines, resources["spark"].get_session, resources["lake"].declarations())
     outputs = [(p, o) for p in pipelines for o in p.outputs]
     maintenance, maintenance_schedule = build_maintenance_job(pipelines)
-    prune, prune_schedule = build_run_retention_job(pipelines, settings.run_retention_h)
+    ingest_jobs = [build_ingest_job(p, settings.micro_batch_run_s) for p in pipelines]
+    prune, prune_schedule = build_run_retention_job([job.name for job in ingest_jobs], settings.run_retention_h)
     return dg.Definitions(
         assets=[raw_asset(p) for p in pipelines] + [build_window_asset(p, o) for p, o in outputs],
         asset_checks=[build_commits_check(o.asset) for _, o in outputs],
-        jobs=[build_ingest_job(p, settings.micro_batch_run_s) for p in pipelines] + [finalize_commits, maintenance, prune],
+        jobs=[*ingest_jobs, finalize_commits, maintenance, prune],
         schedules=[maintenance_schedule, prune_schedule],
         sensors=[build_micro_batch_sensor(p, settings.idle_tick_s) for p in pipelines]
         + [build_window_sensor(p, o) for p, o in outputs]
