@@ -82,8 +82,8 @@ def test_the_daemon_runs_the_micro_batches_on_postgres(spark_connect: SparkConne
         runs = query(stack.postgres, "SELECT run_id, status FROM runs WHERE pipeline_name = 'ingest_events'")
         assert len([r for r in runs if r[1] == "SUCCESS"]) >= 2, runs
         assert query(stack.postgres, MATERIALIZATIONS) == [(committed,)]  # one per committed batch
-        ticks = query(stack.postgres, "SELECT count(*) FROM job_ticks WHERE job_origin_id IN "
-                      "(SELECT instigator_origin_id FROM instigators WHERE instigator_name = 'events_micro_batch_sensor')")
+        ticks = query(stack.postgres, "SELECT count(*) FROM job_ticks "
+                      "WHERE CAST(tick_body AS json)->>'job_name' = 'events_micro_batch_sensor'")
         assert ticks[0][0] >= 2
         # One micro-batch run per source at a time (its pool's limit is 1): no two of them overlapped.
         records = sorted(stack.instance.get_run_records(), key=lambda r: r.start_time or 0)
