@@ -209,7 +209,7 @@ class CloudMonitoringBacklogProbe:
         """Query the metric over `[now_ms - lookback_ms, now_ms]` and return the newest sample's reading; raises
         `BacklogUnknown` when there is no sample or the query cannot be made."""
         try:
-            series = list(self._query(now_ms))
+            series = self._query(now_ms)
         except BacklogUnknown as unknown:
             log.error("%s", unknown)
             raise
@@ -225,7 +225,7 @@ class CloudMonitoringBacklogProbe:
         at_ms, age_s = newest
         return None if age_s <= 0 else at_ms - age_s * 1000
 
-    def _query(self, now_ms: int) -> Iterable[Any]:
+    def _query(self, now_ms: int) -> list[Any]:
         role = f"roles/monitoring.viewer on project {self.project}"
         try:
             if self._client is None:
@@ -233,7 +233,7 @@ class CloudMonitoringBacklogProbe:
 
                 self._client = monitoring_v3.MetricServiceClient()
             start_ms = now_ms - self.lookback_ms
-            return self._client.list_time_series(
+            return list(self._client.list_time_series(  # every page, within the errors handled below
                 request={
                     "name": f"projects/{self.project}",
                     "filter": self.query_filter(),
@@ -242,7 +242,7 @@ class CloudMonitoringBacklogProbe:
                         "end_time": {"seconds": now_ms // 1000, "nanos": now_ms % 1000 * 1_000_000},
                     },
                 }
-            )
+            ))
         except ImportError:
             raise BacklogUnknown(
                 _UNKNOWN + "google-cloud-monitoring is not installed: pip install 'onceflow[gcp]'"
@@ -250,7 +250,7 @@ class CloudMonitoringBacklogProbe:
         except DefaultCredentialsError:
             raise BacklogUnknown(
                 _UNKNOWN + "no Google credentials: run `gcloud auth application-default login`, set "
-                f"GOOGLE_APPLICATION_CREDENTIALS to a service-account key file, or run as a service account; it "
+                "GOOGLE_APPLICATION_CREDENTIALS to a service-account key file, or run as a service account; it "
                 f"needs {role}"
             ) from None
         except PermissionDenied:

@@ -13,12 +13,22 @@ import pytest
 import sqlalchemy as sa
 
 from orchestration.local_stack import INSTANCE_CONFIGS
-from resources.postgres_server import PostgresServer, start_postgres
+from resources.postgres_server import PostgresServer, PostgresUnavailable, ensure_postgres, start_postgres
+from tests.conftest import require
+
+
+def require_postgres() -> None:
+    """Install PostgreSQL when missing (as root, with apt-get); skip if that cannot be done, fail under CI=true."""
+    try:
+        ensure_postgres()
+    except PostgresUnavailable as missing:
+        require(False, str(missing))
 
 
 @pytest.fixture(scope="module")
 def postgres() -> Iterator[PostgresServer]:
-    """A server of its own per test module (set-up installs PostgreSQL if missing, or fails with how to)."""
+    """A server of its own per test module."""
+    require_postgres()
     server = start_postgres()
     try:
         yield server

@@ -23,7 +23,7 @@ from resources.settings import load_settings
 from resources.spark_connect import SparkConnectServer
 from tests.conftest import require
 from tests.delta_reader import read_rows
-from tests.postgres import query
+from tests.postgres import query, require_postgres
 
 RAW = ["record_id", "event_time", "key", "value"]
 SETTINGS = {
@@ -61,6 +61,7 @@ def in_flight(stack: LocalStack) -> bool:
 @pytest.mark.timeout(900)
 def test_the_daemon_runs_the_micro_batches_on_postgres(spark_connect: SparkConnectServer) -> None:
     require(shutil.which("gcloud") is not None, "the Google Cloud CLI's Pub/Sub emulator")
+    require_postgres()
     with local_stack(SETTINGS, "onceflow-pg-", spark_remote=spark_connect.url, dagster_storage="postgres") as stack:
         assert stack.postgres is not None
         assert type(stack.instance.run_storage).__name__ == "PostgresRunStorage"
