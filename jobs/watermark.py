@@ -30,7 +30,14 @@ import bisect
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol, Self, runtime_checkable
 
-from jobs.backlog import DEFAULT_BUCKET_MS, BacklogProbe, MessageKey, check_state_kind, floor_to
+from jobs.backlog import (
+    DEFAULT_BUCKET_MS,
+    BacklogProbe,
+    BacklogUnknown,
+    MessageKey,
+    check_state_kind,
+    floor_to,
+)
 from jobs.tracking import TrackingSample
 
 DEFAULT_BAND_MS = 10_000
@@ -77,6 +84,9 @@ class PubSubWatermark:
     `idle_timeout_ms` and no backlog was seen during it either (the probe is consulted at each `current`), the
     watermark advances to `now_ms - idle_allowance_ms` (default: the band). Drain the tracking subscription
     before asking for the watermark; the idle rule cannot see messages the drain has not pulled yet.
+
+    When the probe cannot tell the backlog (`BacklogUnknown`), the watermark stays where it is: an unknown
+    backlog may hold anything.
 
     The result never goes back: a smaller value (a backlog that reappears older, say) leaves the watermark where
     it is. Buckets entirely before `low` are pruned after each `current`; if more than `max_buckets` remain (a
@@ -152,7 +162,11 @@ class PubSubWatermark:
         through = self._tracked_through_ms
         if through is None or self._last_data_ms is None:
             return self._watermark_ms
-        backlog = self.probe.oldest_unacked_ms(now_ms)
+        try:
+            backlog = self.probe.oldest_unacked_ms(now_ms)
+        except BacklogUnknown:
+            # Without the base subscription's backlog nothing bounds the watermark from below: it stays put.
+            return self._watermark_ms
         if backlog is not None and (self._backlog_seen_ms is None or now_ms > self._backlog_seen_ms):
             self._backlog_seen_ms = now_ms
         low = min(through if backlog is None else backlog, through - self.band_ms)

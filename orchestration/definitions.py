@@ -14,6 +14,7 @@ from jobs.declaration import Pipeline
 from jobs.finalize_job import finalize_commits
 from jobs.ingest_job import build_ingest_job, raw_asset_key
 from jobs.maintenance_job import build_maintenance_job
+from jobs.run_retention import build_run_retention_job
 from orchestration.commit_sensor import build_commit_sensor
 from orchestration.micro_batch_sensor import build_micro_batch_sensor
 from orchestration.pipelines import load_pipelines
@@ -43,11 +44,13 @@ def build_definitions(settings: Settings | None = None) -> dg.Definitions:
     check_transforms(pipelines, resources["spark"].get_session, resources["lake"].declarations())
     outputs = [(p, o) for p in pipelines for o in p.outputs]
     maintenance, maintenance_schedule = build_maintenance_job(pipelines)
+    ingest_jobs = [build_ingest_job(p, settings.micro_batch_run_s) for p in pipelines]
+    prune, prune_schedule = build_run_retention_job([job.name for job in ingest_jobs], settings.run_retention_h)
     return dg.Definitions(
         assets=[raw_asset(p) for p in pipelines] + [build_window_asset(p, o) for p, o in outputs],
         asset_checks=[build_commits_check(o.asset) for _, o in outputs],
-        jobs=[build_ingest_job(p, settings.micro_batch_run_s) for p in pipelines] + [finalize_commits, maintenance],
-        schedules=[maintenance_schedule],
+        jobs=[*ingest_jobs, finalize_commits, maintenance, prune],
+        schedules=[maintenance_schedule, prune_schedule],
         sensors=[build_micro_batch_sensor(p, settings.idle_tick_s) for p in pipelines]
         + [build_window_sensor(p, o) for p, o in outputs]
         + [build_commit_sensor([o.asset for _, o in outputs]), build_dead_run_sensor()],

@@ -1,7 +1,8 @@
 """A whole onceflow installation on this machine, for the demo and the chaos harness: Google's Pub/Sub emulator,
 a warm Spark Connect engine (or, on the classic engine path, none: every run builds its own local Spark session,
 whose appends delta-rs commits), the BigQuery emulator (when it can be set up), a temporary Dagster instance with
-the project's `dagster.yaml`, and a real `dagster-daemon` running the sensors and launching their runs.
+the project's `dagster.yaml` (or, with `dagster_storage="postgres"`, the production `deploy/dagster.prod.yaml` on a
+PostgreSQL server the stack starts), and a real `dagster-daemon` running the sensors and launching their runs.
 
 Everything binds to 127.0.0.1; everything is stopped (process groups, children included) when the block ends.
 The process environment is the stack's while the block runs, so code in the block (and every process it starts)
@@ -28,6 +29,7 @@ from orchestration.pipelines import load_pipelines
 from orchestration.resources import resources_for
 from resources.bigquery_emulator import BigQueryEmulator, BigQueryEmulatorUnavailable, start_bigquery_emulator
 from resources.lake import LakeResource
+from resources.postgres_server import PostgresServer, start_postgres
 from resources.processes import stop_process_group
 from resources.pubsub_emulator import PubSubEmulator, start_pubsub_emulator
 from resources.settings import load_settings
@@ -35,6 +37,7 @@ from resources.spark import build_spark_session
 from resources.spark_connect import SparkConnectServer, start_spark_connect_server
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+INSTANCE_CONFIGS = {"sqlite": PROJECT_ROOT / "dagster.yaml", "postgres": PROJECT_ROOT / "deploy" / "dagster.prod.yaml"}
 
 
 @dataclass
@@ -46,6 +49,7 @@ class LocalStack:
     engines: list[SparkConnectServer]  # the engine it started, if any, as a list so a restart can replace it
     bigquery: BigQueryEmulator | None
     daemon: subprocess.Popen[bytes]
+    postgres: PostgresServer | None = None  # Dagster's storage, with dagster_storage="postgres"
 
     @property
     def home(self) -> Path:
@@ -80,17 +84,21 @@ def local_stack(
     keep: bool = False,
     say: Callable[[str], None] = print,
     engine_path: str = "connect",
+    dagster_storage: str = "sqlite",
 ) -> Iterator[LocalStack]:
     """Start the stack with `settings` (`ONCEFLOW_*` variables) on top of a clean environment; see the module
     docstring. `spark_remote` is an engine to use instead of starting one (Connect path); `engine_path="classic"`
-    starts none; `keep` keeps the working directory."""
+    starts none; `keep` keeps the working directory; `dagster_storage` is `sqlite` or `postgres`."""
     if engine_path not in ("connect", "classic"):
         raise ValueError(f"engine_path={engine_path!r}: expected connect or classic")
+    if dagster_storage not in INSTANCE_CONFIGS:
+        raise ValueError(f"dagster_storage={dagster_storage!r}: expected {' or '.join(INSTANCE_CONFIGS)}")
     workdir = Path(tempfile.mkdtemp(prefix=prefix))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ONCEFLOW_", "SPARK_", "PUBSUB_", "BIGQUERY_"))}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("ONCEFLOW_", "SPARK_", "PUBSUB_", "BIGQUERY_", "DAGSTER_PG_"))}
     env.update(settings, ONCEFLOW_HOME=str(workdir / "home"), DAGSTER_HOME=str(workdir / "dagster"))
     Path(env["DAGSTER_HOME"]).mkdir(parents=True)
-    shutil.copyfile(PROJECT_ROOT / "dagster.yaml", Path(env["DAGSTER_HOME"]) / "dagster.yaml")
+    shutil.copyfile(INSTANCE_CONFIGS[dagster_storage], Path(env["DAGSTER_HOME"]) / "dagster.yaml")
     saved = dict(os.environ)
     os.environ.clear()
     os.environ.update(env)
@@ -98,6 +106,12 @@ def local_stack(
     # A SIGTERM (a CI timeout, `kill`) unwinds the block like an exception, so the servers are stopped too.
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
+        postgres = None
+        if dagster_storage == "postgres":
+            say("starting PostgreSQL for Dagster's runs, events and schedules")
+            postgres = start_postgres()
+            stops.append(postgres.stop)
+            os.environ.update(postgres.env())  # what the production dagster.yaml reads its connection from
         say(f"starting the Pub/Sub emulator, the BigQuery emulator and the Spark engine path: {engine_path}")
         pubsub = start_pubsub_emulator()
         stops.append(pubsub.stop)
@@ -119,7 +133,7 @@ def local_stack(
         resources = resources_for(load_settings())
         for pipeline in load_pipelines(load_settings()):
             open_source(pipeline, resources["lake"], resources["pubsub"].client).reader.ensure()
-        # The instance's SQLite storages are made now: two processes making them at once race on their tables.
+        # The instance's storages are made now: two processes making them at once race on their tables.
         instance = dg.DagsterInstance.get()
         instance.get_runs(limit=1)
         instance.all_instigator_state()
@@ -130,7 +144,7 @@ def local_stack(
                 cwd=PROJECT_ROOT, env=dict(os.environ), start_new_session=True, stdout=log, stderr=subprocess.STDOUT,
             )
         stops.append(lambda: stop_process_group(daemon, (signal.SIGTERM, signal.SIGKILL), timeout_s=20))
-        yield LocalStack(workdir, instance, pubsub, spark_remote, engines, bigquery, daemon)
+        yield LocalStack(workdir, instance, pubsub, spark_remote, engines, bigquery, daemon, postgres)
     finally:
         for stop in reversed(stops):
             stop()

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field, ValidationError, field_validator
+from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from resources.faults import POINTS
@@ -33,6 +33,9 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix=PREFIX, extra="ignore", frozen=True)
 
+    deployment: Literal["local", "prod"] = Field(
+        default="local", description="Which resources the code location gets (orchestration/resources.py)."
+    )
     home: str = Field(default=".onceflow", description="Root of the lake, landing files, checkpoints, commits.")
     pipelines: str | None = Field(default=None, description="`package.module` whose PIPELINES replace the built-ins.")
     jars_dir: str | None = Field(
@@ -52,6 +55,9 @@ class Settings(BaseSettings):
     bigquery_dataset: str | None = None
     bigquery_emulator_host: str | None = Field(
         default=None, validation_alias=AliasChoices("BIGQUERY_EMULATOR_HOST", "ONCEFLOW_BIGQUERY_EMULATOR_HOST")
+    )
+    gcp_credentials: SecretStr | None = Field(
+        default=None, description="prod: a base64 service-account key for BigQuery, where ADC is not available."
     )
 
     max_messages: int = Field(default=10_000, gt=0)
@@ -73,6 +79,7 @@ class Settings(BaseSettings):
     late_policy: Literal["drop", "refire"] = "drop"
     dedup_horizon_s: int = Field(default=24 * 3600, gt=0)
     dedup_fast_path: bool = Field(default=True, description="Bloom filters of committed IDs (DESIGN 4).")
+    run_retention_h: float = Field(default=24.0, gt=0, description="Finished micro-batch runs are kept this long.")
 
     crash_at: str | None = Field(default=None, description="Fault injection: `<point>[#k]`.")
     dagster_home: str | None = Field(default=None, validation_alias=AliasChoices("DAGSTER_HOME"))

@@ -12,7 +12,13 @@ from typing import Any, Self
 
 import pytest
 
-from jobs.backlog import BacklogProbe, CloudMonitoringBacklogProbe, EmulatorBacklogProbe, MessageKey
+from jobs.backlog import (
+    BacklogProbe,
+    BacklogUnknown,
+    CloudMonitoringBacklogProbe,
+    EmulatorBacklogProbe,
+    MessageKey,
+)
 from jobs.tracking import TrackingSample
 from jobs.watermark import FileWatermark, PubSubWatermark, WatermarkEstimator
 
@@ -441,6 +447,7 @@ def test_cloud_monitoring_probe_reads_the_newest_sample() -> None:
         },
     }
     client.answer = []
-    assert probe.oldest_unacked_ms(T0 + 90_000) == T0 - 42_000  # no sample: the last answer stands
+    with pytest.raises(BacklogUnknown):  # no sample: unknown, not "no backlog"
+        probe.oldest_unacked_ms(T0 + 90_000)
     client.answer = [SimpleNamespace(points=[point(T0 // 1000 + 60, 0)])]
     assert probe.oldest_unacked_ms(T0 + 90_000) is None
