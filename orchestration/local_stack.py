@@ -1,6 +1,7 @@
 """A whole onceflow installation on this machine, for the demo and the chaos harness: Google's Pub/Sub emulator,
-a warm Spark Connect engine (or, on the classic engine path, none: every run builds its own local Spark session,
-whose appends delta-rs commits), the BigQuery emulator (when it can be set up), a temporary Dagster instance with
+a warm Spark Connect engine (or, on the classic engine path, none: every run builds its own Spark session, whose
+appends delta-rs commits), optionally a Spark standalone cluster that engine or those sessions drive (`spark=
+"cluster"`: a master and two workers; `local`, the default, keeps Spark in the driver), the BigQuery emulator (when it can be set up), a temporary Dagster instance with
 the project's `dagster.yaml`, and a real `dagster-daemon` running the sensors and launching their runs.
 
 Everything binds to 127.0.0.1; everything is stopped (process groups, children included) when the block ends.
@@ -32,7 +33,8 @@ from resources.processes import stop_process_group
 from resources.pubsub_emulator import PubSubEmulator, start_pubsub_emulator
 from resources.settings import load_settings
 from resources.spark import build_spark_session
-from resources.spark_connect import SparkConnectServer, start_spark_connect_server
+from resources.spark_cluster import SparkCluster, start_spark_cluster
+from resources.spark_connect import SparkConnectServer, start_engine
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,6 +48,7 @@ class LocalStack:
     engines: list[SparkConnectServer]  # the engine it started, if any, as a list so a restart can replace it
     bigquery: BigQueryEmulator | None
     daemon: subprocess.Popen[bytes]
+    cluster: SparkCluster | None = None  # with spark="cluster": the engine's (or every run's) master
 
     @property
     def home(self) -> Path:
@@ -66,7 +69,7 @@ class LocalStack:
             raise RuntimeError("this stack uses an engine it did not start")
         port = self.engines[0].port
         self.engines[0].stop()
-        self.engines[0] = start_spark_connect_server(port=port)
+        self.engines[0] = start_engine(load_settings(), port=port)  # on the stack's master, cluster or local
 
     def daemon_log(self, chars: int = 3000) -> str:
         return (self.workdir / "daemon.log").read_text(errors="replace")[-chars:]
@@ -80,12 +83,16 @@ def local_stack(
     keep: bool = False,
     say: Callable[[str], None] = print,
     engine_path: str = "connect",
+    spark: str = "local",
 ) -> Iterator[LocalStack]:
     """Start the stack with `settings` (`ONCEFLOW_*` variables) on top of a clean environment; see the module
     docstring. `spark_remote` is an engine to use instead of starting one (Connect path); `engine_path="classic"`
-    starts none; `keep` keeps the working directory."""
+    starts none; `spark="cluster"` starts a standalone cluster as the master of the engine (Connect path) or of
+    every run's session (classic path, `ONCEFLOW_SPARK_MASTER`); `keep` keeps the working directory."""
     if engine_path not in ("connect", "classic"):
         raise ValueError(f"engine_path={engine_path!r}: expected connect or classic")
+    if spark not in ("local", "cluster"):
+        raise ValueError(f"spark={spark!r}: expected local or cluster")
     workdir = Path(tempfile.mkdtemp(prefix=prefix))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ONCEFLOW_", "SPARK_", "PUBSUB_", "BIGQUERY_"))}
     env.update(settings, ONCEFLOW_HOME=str(workdir / "home"), DAGSTER_HOME=str(workdir / "dagster"))
@@ -100,11 +107,18 @@ def local_stack(
         pubsub = start_pubsub_emulator()
         stops.append(pubsub.stop)
         os.environ["PUBSUB_EMULATOR_HOST"] = pubsub.host
+        cluster = None
+        if spark == "cluster":
+            say("starting a Spark standalone cluster: a master and two workers")
+            cluster = start_spark_cluster()
+            stops.append(cluster.stop)
+            # Every driver (the engine, or each run's session) binds to loopback, as the cluster does.
+            os.environ.update(ONCEFLOW_SPARK_MASTER=cluster.master_url, SPARK_LOCAL_IP="127.0.0.1")
         engines: list[SparkConnectServer] = []
         if engine_path == "classic":
             spark_remote = None
         elif spark_remote is None:
-            engines.append(start_spark_connect_server())
+            engines.append(start_engine(load_settings()))
             spark_remote = engines[0].url
             stops.append(lambda: engines[0].stop())
             # Released while its engine is up: at exit, a client whose server is gone retries for ten minutes.
@@ -128,7 +142,7 @@ def local_stack(
                 cwd=PROJECT_ROOT, env=dict(os.environ), start_new_session=True, stdout=log, stderr=subprocess.STDOUT,
             )
         stops.append(lambda: stop_process_group(daemon, (signal.SIGTERM, signal.SIGKILL), timeout_s=20))
-        yield LocalStack(workdir, instance, pubsub, spark_remote, engines, bigquery, daemon)
+        yield LocalStack(workdir, instance, pubsub, spark_remote, engines, bigquery, daemon, cluster)
     finally:
         for stop in reversed(stops):
             stop()

@@ -13,7 +13,8 @@ from resources.spark import SparkResource
 
 def resources_for(settings: Settings) -> dict[str, Any]:
     return {
-        "spark": SparkResource(master=settings.spark_master, remote=settings.spark_remote, ui_enabled=settings.spark_ui),
+        "spark": SparkResource(master=settings.spark_master, remote=settings.spark_remote, ui_enabled=settings.spark_ui,
+                               conf=settings.spark_conf, jars=list(settings.spark_jars)),
         "lake": LakeResource(home=settings.home_path, id_filters=settings.dedup_fast_path),
         "pubsub": PubSubResource(project=settings.pubsub_project, emulator_host=settings.pubsub_emulator_host),
         "bigquery": BigQueryResource(project=settings.bigquery_project, api_endpoint=settings.bigquery_emulator_host),
