@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export ONCEFLOW_HOME ?= $(CURDIR)/.onceflow
 
-.PHONY: setup demo test chaos dev bench lint clean
+.PHONY: setup demo test test-cluster chaos dev bench lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ test: setup
 	command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) || echo "no chromium: tests/test_ui.py skips (fails under CI=true)"
 	$(BIN)/pytest
 	ONCEFLOW_TEST_ENGINE=classic $(BIN)/pytest -m engine_paths
+
+# The end-to-end path on a Spark standalone cluster (a master and two workers on 127.0.0.1), both engine paths.
+test-cluster: setup
+	$(BIN)/pytest -m cluster
 
 # CHAOS_ITERATIONS faults (30) under a continuous workload, on each of CHAOS_ENGINES (both engine paths); CHAOS_SEED replays a run.
 chaos: setup
