@@ -33,8 +33,9 @@ test-cluster: setup
 chaos: setup
 	for engine in $${CHAOS_ENGINES:-connect classic}; do $(BIN)/python -m tests.chaos.harness --engine $$engine --iterations $${CHAOS_ITERATIONS:-30} $${CHAOS_SEED:+--seed $$CHAOS_SEED} || exit 1; done
 
+# A warm Spark engine on ONCEFLOW_SPARK_MASTER; DEV_ARGS="--master spark://host:7077" (or --cluster, --no-engine).
 dev: setup
-	DAGSTER_HOME=$(ONCEFLOW_HOME)/dagster $(BIN)/onceflow dev
+	DAGSTER_HOME=$(ONCEFLOW_HOME)/dagster $(BIN)/onceflow dev $(DEV_ARGS)
 
 bench: setup
 	$(BIN)/python -m bench.run

@@ -32,8 +32,11 @@ from tests.test_windows import WINDOW_ROWS, five_window_workload, minute_base
 
 pytestmark = pytest.mark.cluster
 RAW = ["record_id", "event_time", "key", "value"]
-# Splits of about 1 KB: Spark starts most splits inside a file, where the executor finds the next line itself.
-USER_CONF = {"spark.sql.files.maxPartitionBytes": "1024", "spark.sql.files.openCostInBytes": "0"}
+# A user's conf for a small cluster (few shuffle partitions for small batches) and splits of about 1 KB: Spark
+# starts most splits inside a file, where the executor finds the next line from the file's URI itself.
+USER_CONF = {"spark.sql.files.maxPartitionBytes": "1024", "spark.sql.files.openCostInBytes": "0",
+             "spark.sql.shuffle.partitions": "2", "spark.databricks.delta.snapshotPartitions": "2"}
+DISCOVERY = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
 
 
 def test_small_machine_tuning_is_for_local_masters_and_spark_conf_is_checked_at_load(
@@ -111,8 +114,7 @@ def finished_tasks(cluster: SparkCluster, apps: set[str]) -> list[int]:
 def engine_settings(client: str) -> dict[str, str]:
     """Settings a Spark Connect client sees on the server, asked from a process of its own (this one may hold a
     classic session)."""
-    keys = ["spark.master", "spark.sql.shuffle.partitions", "spark.sql.files.maxPartitionBytes",
-            "spark.sql.session.timeZone"]
+    keys = ["spark.master", DISCOVERY, "spark.sql.files.maxPartitionBytes", "spark.sql.session.timeZone"]
     code = ("import json, sys; from resources.spark import build_spark_session; s = build_spark_session(remote=sys.argv[1]); "
             f"print(json.dumps({{k: s.conf.get(k) for k in {keys!r}}})); s.stop()")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPARK_")}
@@ -121,6 +123,7 @@ def engine_settings(client: str) -> dict[str, str]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.timeout(1800)
 @pytest.mark.parametrize("path", ["classic", "connect"])
 def test_ingest_window_publish_on_a_two_worker_cluster(
     path: str, spark_cluster: SparkCluster, request: pytest.FixtureRequest, tmp_path: Path, home: Path,
@@ -133,7 +136,7 @@ def test_ingest_window_publish_on_a_two_worker_cluster(
         engine = {"spark_remote": server.url}
         seen = engine_settings(server.url)
         # The server drives the cluster with the user's conf and without the small-machine tuning.
-        assert seen == {"spark.master": spark_cluster.master_url, "spark.sql.shuffle.partitions": "200",
+        assert seen == {"spark.master": spark_cluster.master_url, DISCOVERY: "10000",
                         "spark.sql.files.maxPartitionBytes": "1024", "spark.sql.session.timeZone": "UTC"}
     else:
         engine = {"spark_remote": "", "spark_master": spark_cluster.master_url, "spark_conf": json.dumps(USER_CONF)}
@@ -143,7 +146,7 @@ def test_ingest_window_publish_on_a_two_worker_cluster(
     dagster_home = tmp_path / "dagster"
     dagster_home.mkdir()
 
-    ingest = dagster_micro_batch(str(home), None, dagster_home=str(dagster_home), **settings)
+    ingest = dagster_micro_batch(str(home), None, dagster_home=str(dagster_home), timeout_s=900, **settings)
     assert ingest.returncode == 0, ingest.stderr[-3000:]
     monkeypatch.setenv("ONCEFLOW_EVENTS_SOURCE", "files")
     monkeypatch.setenv("ONCEFLOW_EVENTS_DIR", str(directory))
@@ -155,7 +158,7 @@ def test_ingest_window_publish_on_a_two_worker_cluster(
     closed = [w.end_ms + pipeline.outputs[0].allowed_lateness_s * 1000 <= watermark for w in windows]
     assert closed[0] and not closed[-1]
     window = dagster_materialize(str(home), f"{windows[0].key}...{windows[4].key}", dagster_home=str(dagster_home),
-                                 **settings)
+                                 timeout_s=900, **settings)
     assert window.returncode == 0, window.stderr[-3000:]
 
     raw = lake.table_path(pipeline.raw_table)
