@@ -157,7 +157,7 @@ def test_ingest_window_publish_on_a_two_worker_cluster(
     windows = [Window(base + w * 60_000, base + (w + 1) * 60_000) for w in range(5)]
     closed = [w.end_ms + pipeline.outputs[0].allowed_lateness_s * 1000 <= watermark for w in windows]
     assert closed[0] and not closed[-1]
-    window = dagster_materialize(str(home), f"{windows[0].key}...{windows[4].key}", dagster_home=str(dagster_home),
+    window = dagster_materialize(str(home), f"{windows[0].key}...{windows[2].key}", dagster_home=str(dagster_home),
                                  timeout_s=900, **settings)
     assert window.returncode == 0, window.stderr[-3000:]
 
@@ -165,10 +165,10 @@ def test_ingest_window_publish_on_a_two_worker_cluster(
     assert read_rows(raw, RAW) == expected_raw(on_time)
     assert read_rows(raw, ["record_id", "source_position"]) == positions  # offsets exact across split files
     windows_path = lake.table_path(pipeline.outputs[0].table)
-    assert read_rows(windows_path, WINDOW_ROWS) == expected_table(base, on_time, closed, range(5))
+    assert read_rows(windows_path, WINDOW_ROWS) == expected_table(base, on_time, closed, range(3))
     for w, is_closed in zip(windows, closed, strict=True):
-        assert published_rows(home, w) == (table_rows(windows_path, w) if is_closed else [])
-    assert sum(closed) >= 2 and all(published_rows(home, w) for w, c in zip(windows, closed, strict=True) if c)
+        assert published_rows(home, w) == (table_rows(windows_path, w) if is_closed and w in windows[:3] else [])
+    assert all(closed[:3]) and all(published_rows(home, w) for w in windows[:3])
 
     # The cluster did the work: its applications for these runs had executors on both workers, which ran tasks.
     status = spark_cluster.status()
