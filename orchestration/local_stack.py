@@ -1,8 +1,9 @@
 """A whole onceflow installation on this machine, for the demo and the chaos harness: Google's Pub/Sub emulator,
 a warm Spark Connect engine (or, on the classic engine path, none: every run builds its own Spark session, whose
-appends delta-rs commits), optionally a Spark standalone cluster that engine or those sessions drive (`spark=
-"cluster"`: a master and two workers; `local`, the default, keeps Spark in the driver), the BigQuery emulator (when it can be set up), a temporary Dagster instance with
-the project's `dagster.yaml`, and a real `dagster-daemon` running the sensors and launching their runs.
+appends delta-rs commits), optionally a Spark standalone cluster that engine or those sessions drive
+(`spark="cluster"`: a master and two workers; `local`, the default, keeps Spark in the driver), the BigQuery
+emulator (when it can be set up), a temporary Dagster instance with the project's `dagster.yaml`, and a real
+`dagster-daemon` running the sensors and launching their runs.
 
 Everything binds to 127.0.0.1; everything is stopped (process groups, children included) when the block ends.
 The process environment is the stack's while the block runs, so code in the block (and every process it starts)

@@ -1,7 +1,7 @@
 """onceflow on a Spark standalone cluster (a master and two workers on 127.0.0.1), on both engine paths.
 
-Classic: every Dagster run's session has `ONCEFLOW_SPARK_MASTER=spark://...`. Connect: the runs are clients of a
-Spark Connect server whose master is the cluster. Either way the runs ingest files (split by Spark inside each file,
+Classic: every Dagster run's session has `ONCEFLOW_SPARK_MASTER=spark://...`. Connect: the runs are clients of
+the warm engine `onceflow engine --master spark://...` starts, a Spark Connect server whose master is the cluster. Either way the runs ingest files (split by Spark inside each file,
 so executors compute line offsets from the files' URIs), close windows and publish them; the tables are read back
 with delta-rs and the cluster's own records show that its executors, on both workers, ran the tasks.
 """
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,10 +23,10 @@ from jobs.panes import Window
 from jobs.source_reader import open_source, source_watermark_ms
 from orchestration.workload import Event, expected_raw
 from resources.lake import LakeResource
+from resources.processes import stop_process_group
 from resources.settings import SettingsError, load_settings
 from resources.spark import DELTA_CONF, SMALL_MACHINE_CONF, engine_conf
 from resources.spark_cluster import SparkCluster
-from resources.spark_connect import SparkConnectServer, start_engine
 from tests.delta_reader import read_rows
 from tests.pipelines import builtin, dagster_materialize, dagster_micro_batch
 from tests.test_window_asset import expected_table, published_rows, table_rows
@@ -74,15 +76,28 @@ def test_small_machine_tuning_is_for_local_masters_and_spark_conf_is_checked_at_
 
 
 @pytest.fixture
-def cluster_connect(spark_cluster: SparkCluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[SparkConnectServer]:
-    """A Spark Connect server driving the cluster, with the user's Spark conf; it holds every worker's core while
-    it runs, so it runs only for its test."""
+def cluster_engine(spark_cluster: SparkCluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """`onceflow engine --master <the cluster>` with the user's Spark conf, as an operator starts it; yields the
+    `sc://` URL it prints. The engine holds every worker's core while it runs, so it runs only for its test."""
     monkeypatch.setenv("ONCEFLOW_SPARK_CONF", json.dumps(USER_CONF))
-    server = start_engine(load_settings(), spark_cluster.master_url)
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE")}
+    command = subprocess.Popen(
+        [str(Path(sys.executable).parent / "onceflow"), "engine", "--master", spark_cluster.master_url],
+        stdout=subprocess.PIPE, text=True, env=env, start_new_session=True,
+    )
     try:
-        yield server
+        assert command.stdout is not None
+        lines = iter(command.stdout.readline, "")
+        url = next((line.strip().partition("=")[2] for line in lines if line.startswith("ONCEFLOW_SPARK_REMOTE=")), None)
+        assert url is not None and url.startswith("sc://127.0.0.1:"), f"the engine exited ({command.wait()})"
+        yield url
+        os.killpg(command.pid, signal.SIGTERM)
+        assert command.wait(timeout=120) == 0
+        port = int(url.rpartition(":")[2])
+        with pytest.raises(OSError):  # the engine stopped its server
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
     finally:
-        server.stop()
+        stop_process_group(command)
 
 
 def workload(directory: Path) -> tuple[int, list[Event], list[tuple[str, str]]]:
@@ -132,9 +147,9 @@ def test_ingest_window_publish_on_a_two_worker_cluster(
     monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
     before = {app["id"] for app in spark_cluster.status()["completedapps"] + spark_cluster.status()["activeapps"]}
     if path == "connect":
-        server: SparkConnectServer = request.getfixturevalue("cluster_connect")
-        engine = {"spark_remote": server.url}
-        seen = engine_settings(server.url)
+        url: str = request.getfixturevalue("cluster_engine")
+        engine = {"spark_remote": url}
+        seen = engine_settings(url)
         # The server drives the cluster with the user's conf and without the small-machine tuning.
         assert seen == {"spark.master": spark_cluster.master_url, DISCOVERY: "10000",
                         "spark.sql.files.maxPartitionBytes": "1024", "spark.sql.session.timeZone": "UTC"}
