@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export ONCEFLOW_HOME ?= $(CURDIR)/.onceflow
 
-.PHONY: setup demo test chaos dev bench lint clean
+.PHONY: setup demo test test-cluster chaos dev bench lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,12 +25,17 @@ test: setup
 	$(BIN)/pytest
 	ONCEFLOW_TEST_ENGINE=classic $(BIN)/pytest -m engine_paths
 
+# The end-to-end path on a Spark standalone cluster (a master and two workers on 127.0.0.1), both engine paths.
+test-cluster: setup
+	$(BIN)/pytest -m cluster
+
 # CHAOS_ITERATIONS faults (30) under a continuous workload, on each of CHAOS_ENGINES (both engine paths); CHAOS_SEED replays a run.
 chaos: setup
 	for engine in $${CHAOS_ENGINES:-connect classic}; do $(BIN)/python -m tests.chaos.harness --engine $$engine --iterations $${CHAOS_ITERATIONS:-30} $${CHAOS_SEED:+--seed $$CHAOS_SEED} || exit 1; done
 
+# A warm Spark engine on ONCEFLOW_SPARK_MASTER; DEV_ARGS="--master spark://host:7077" (or --cluster, --no-engine).
 dev: setup
-	DAGSTER_HOME=$(ONCEFLOW_HOME)/dagster $(BIN)/onceflow dev
+	DAGSTER_HOME=$(ONCEFLOW_HOME)/dagster $(BIN)/onceflow dev $(DEV_ARGS)
 
 bench: setup
 	$(BIN)/python -m bench.run

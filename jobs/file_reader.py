@@ -53,16 +53,16 @@ def _file_lines(spark: SparkSession, paths: list[str]) -> DataFrame:
         "_metadata.file_block_start AS block",
     )
     # Two projections: `reflect` evaluates its arguments without generated code, so they are columns made before.
-    return located.selectExpr("value", "file", f"{_line_offsets(paths)} AS offset")
+    return located.selectExpr("value", "file", f"{_line_offsets(uris)} AS offset")
 
 
-def _line_offsets(paths: list[str]) -> str:
-    """SQL for the byte offset in its file (as a string) of each line of a text scan of `paths` (columns `value`,
-    `file` and `block`, the start of the line's file split): summed as the lines are read, by
-    `io.onceflow.LineOffsets` (`jobs/jvm/`), which every onceflow Spark session and engine loads."""
-    # The path is needed (and made) only where a split starts inside a file.
-    path = f"CASE WHEN block > 0 THEN element_at({sql_strings(paths)}, file + 1) END"
-    return f"reflect('io.onceflow.LineOffsets', 'offset', file, block, CAST(octet_length(value) + 1 AS INT), {path})"
+def _line_offsets(uris: list[str]) -> str:
+    """SQL for the byte offset in its file (as a string) of each line of a text scan of the files Spark listed as
+    `uris` (columns `value`, `file` and `block`, the start of the line's file split): summed as the lines are read,
+    by `io.onceflow.LineOffsets` (`jobs/jvm/`), which every onceflow Spark session and engine loads."""
+    # The URI is needed (and made) only where a split starts inside a file; the executor opens it as its scan did.
+    uri = f"CASE WHEN block > 0 THEN element_at({sql_strings(uris)}, file + 1) END"
+    return f"reflect('io.onceflow.LineOffsets', 'offset', file, block, CAST(octet_length(value) + 1 AS INT), {uri})"
 
 
 class FileReader:

@@ -1,8 +1,9 @@
-"""The `onceflow` command line: set-up, the demo, the dev server, status and verification."""
+"""The `onceflow` command line: set-up, the demo, the dev server, the warm Spark engine, status and verification."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -11,6 +12,8 @@ import sys
 from pathlib import Path
 
 from orchestration.commits_cli import add_commands as add_commit_commands
+from orchestration.engine_cli import add_commands as add_engine_commands
+from orchestration.engine_cli import add_engine_options, running_engine
 from orchestration.reset_cli import add_commands as add_reset_commands
 from orchestration.status import add_commands as add_status_commands
 from resources.delta_jars import ensure_delta_jars
@@ -54,48 +57,56 @@ def cmd_dev(args: argparse.Namespace) -> int:
     from resources.pubsub_emulator import start_pubsub_emulator
 
     env = {**os.environ, "DAGSTER_HOME": str(dagster_home())}
-    emulator = None
-    if "PUBSUB_EMULATOR_HOST" not in env and not args.no_emulator:
-        emulator = start_pubsub_emulator()
-        env["PUBSUB_EMULATOR_HOST"] = emulator.host
-        print(f"Pub/Sub emulator on {emulator.host}")
-        create_sources(emulator.host)
-    # A SIGTERM (from make, a supervisor) must still stop dagster dev and the emulator, not orphan them.
+    # A SIGTERM (from make, a supervisor) must still stop dagster dev, the engine and the emulator, not orphan them.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    dev = subprocess.Popen(
-        [sys.executable, "-m", "dagster", "dev", "-w", str(PROJECT_ROOT / "workspace.yaml"),
-         "-h", args.host, "-p", str(args.port)],
-        env=env,
-        cwd=PROJECT_ROOT,
-        start_new_session=True,
-    )
-    try:
-        return dev.wait()
-    except KeyboardInterrupt:
-        return 0
-    finally:
+    with contextlib.ExitStack() as stack:
+        if "PUBSUB_EMULATOR_HOST" not in env and not args.no_emulator:
+            emulator = start_pubsub_emulator()
+            stack.callback(emulator.stop)
+            env["PUBSUB_EMULATOR_HOST"] = emulator.host
+            print(f"Pub/Sub emulator on {emulator.host}")
+            create_sources(emulator.host)
+        if "ONCEFLOW_SPARK_REMOTE" not in env and not args.no_engine:
+            engine = stack.enter_context(running_engine(args.master, args.cluster))
+            env["ONCEFLOW_SPARK_REMOTE"] = engine.url
+            print(f"Spark engine on {engine.url}")
+        dev = subprocess.Popen(
+            [sys.executable, "-m", "dagster", "dev", "-w", str(PROJECT_ROOT / "workspace.yaml"),
+             "-h", args.host, "-p", str(args.port)],
+            env=env,
+            cwd=PROJECT_ROOT,
+            start_new_session=True,
+        )
         # dagster dev shuts its webserver, daemon and code servers down on SIGINT (Ctrl-C), not on SIGTERM.
-        stop_process_group(dev, (signal.SIGINT, signal.SIGKILL), timeout_s=30)
-        if emulator is not None:
-            emulator.stop()
+        stack.callback(stop_process_group, dev, (signal.SIGINT, signal.SIGKILL), 30)
+        try:
+            return dev.wait()
+        except KeyboardInterrupt:
+            return 0
 
 
-def cmd_demo(_: argparse.Namespace) -> int:
+def cmd_demo(args: argparse.Namespace) -> int:
     from orchestration.demo import run_demo
 
-    return run_demo()
+    return run_demo(args.spark)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="onceflow", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("setup", help="fetch and cache the Delta jars").set_defaults(func=cmd_setup)
-    sub.add_parser("demo", help="the end-to-end exactly-once demo").set_defaults(func=cmd_demo)
+    demo = sub.add_parser("demo", help="the end-to-end exactly-once demo")
+    demo.add_argument("--spark", choices=("local", "cluster"), default="local",
+                      help="cluster: its engine drives a two-worker standalone cluster started for it")
+    demo.set_defaults(func=cmd_demo)
     dev = sub.add_parser("dev", help="Dagster UI and daemon with the persistent instance")
     dev.add_argument("--host", default="127.0.0.1")
     dev.add_argument("--port", type=int, default=3000)
     dev.add_argument("--no-emulator", action="store_true", help="do not start a Pub/Sub emulator")
+    dev.add_argument("--no-engine", action="store_true", help="no warm Spark engine: each run starts its own Spark")
+    add_engine_options(dev)
     dev.set_defaults(func=cmd_dev)
+    add_engine_commands(sub)
     add_commit_commands(sub)
     add_reset_commands(sub)
     add_status_commands(sub)

@@ -60,11 +60,13 @@ def run_streaming(
     timeout_s: float = 600.0,
     keep: bool = False,
     spark_remote: str | None = None,
+    spark: str = "local",
 ) -> StreamingResult:
     """The demo scenario; see the module docstring. Returns its outcome instead of an exit status.
 
-    `spark_remote` is a running Spark Connect server to use instead of starting one; `keep` keeps the onceflow
-    home (`StreamingResult.home`) for inspection.
+    `spark_remote` is a running Spark Connect server to use instead of starting one; `spark="cluster"` runs the
+    engine on a standalone cluster (`local_stack`); `keep` keeps the onceflow home (`StreamingResult.home`) for
+    inspection.
     """
     from jobs.reconcile import render
     from jobs.source_reader import open_source, source_watermark_ms
@@ -78,7 +80,7 @@ def run_streaming(
     from resources.settings import load_settings
     from resources.spark import build_spark_session
 
-    with local_stack(DEMO_SETTINGS, "onceflow-demo-", spark_remote, keep, say) as stack:
+    with local_stack(DEMO_SETTINGS, "onceflow-demo-", spark_remote, keep, say, spark=spark) as stack:
         instance = stack.instance
         settings = load_settings()
         pipeline = next(p for p in load_pipelines(settings) if p.name == "events")
@@ -251,9 +253,9 @@ def _record_latencies(latencies: dict[str, float]) -> None:
                                         "settings": DEMO_SETTINGS, "latencies_s": latencies}, indent=2))
 
 
-def run_demo() -> int:
+def run_demo(spark: str = "local") -> int:
     try:
-        result = run_streaming()
+        result = run_streaming(spark=spark)
     except (TimeoutError, RuntimeError) as error:
         say(f"FAILED: {error}")
         return 1

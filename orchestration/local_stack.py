@@ -1,8 +1,10 @@
 """A whole onceflow installation on this machine, for the demo and the chaos harness: Google's Pub/Sub emulator,
-a warm Spark Connect engine (or, on the classic engine path, none: every run builds its own local Spark session,
-whose appends delta-rs commits), the BigQuery emulator (when it can be set up), a temporary Dagster instance with
-the project's `dagster.yaml` (or, with `dagster_storage="postgres"`, the production `deploy/dagster.prod.yaml` on a
-PostgreSQL server the stack starts), and a real `dagster-daemon` running the sensors and launching their runs.
+a warm Spark Connect engine (or, on the classic engine path, none: every run builds its own Spark session, whose
+appends delta-rs commits), optionally a Spark standalone cluster that engine or those sessions drive
+(`spark="cluster"`: a master and two workers; `local`, the default, keeps Spark in the driver), the BigQuery
+emulator (when it can be set up), a temporary Dagster instance with the project's `dagster.yaml` (or, with
+`dagster_storage="postgres"`, the production `deploy/dagster.prod.yaml` on a PostgreSQL server the stack starts),
+and a real `dagster-daemon` running the sensors and launching their runs.
 
 Everything binds to 127.0.0.1; everything is stopped (process groups, children included) when the block ends.
 The process environment is the stack's while the block runs, so code in the block (and every process it starts)
@@ -34,7 +36,8 @@ from resources.processes import stop_process_group
 from resources.pubsub_emulator import PubSubEmulator, start_pubsub_emulator
 from resources.settings import load_settings
 from resources.spark import build_spark_session
-from resources.spark_connect import SparkConnectServer, start_spark_connect_server
+from resources.spark_cluster import SparkCluster, start_spark_cluster
+from resources.spark_connect import SparkConnectServer, start_engine
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 INSTANCE_CONFIGS = {"sqlite": PROJECT_ROOT / "dagster.yaml", "postgres": PROJECT_ROOT / "deploy" / "dagster.prod.yaml"}
@@ -50,6 +53,7 @@ class LocalStack:
     bigquery: BigQueryEmulator | None
     daemon: subprocess.Popen[bytes]
     postgres: PostgresServer | None = None  # Dagster's storage, with dagster_storage="postgres"
+    cluster: SparkCluster | None = None  # with spark="cluster": the engine's (or every run's) master
 
     @property
     def home(self) -> Path:
@@ -70,7 +74,7 @@ class LocalStack:
             raise RuntimeError("this stack uses an engine it did not start")
         port = self.engines[0].port
         self.engines[0].stop()
-        self.engines[0] = start_spark_connect_server(port=port)
+        self.engines[0] = start_engine(load_settings(), port=port)  # on the stack's master, cluster or local
 
     def daemon_log(self, chars: int = 3000) -> str:
         return (self.workdir / "daemon.log").read_text(errors="replace")[-chars:]
@@ -84,13 +88,18 @@ def local_stack(
     keep: bool = False,
     say: Callable[[str], None] = print,
     engine_path: str = "connect",
+    spark: str = "local",
     dagster_storage: str = "sqlite",
 ) -> Iterator[LocalStack]:
     """Start the stack with `settings` (`ONCEFLOW_*` variables) on top of a clean environment; see the module
     docstring. `spark_remote` is an engine to use instead of starting one (Connect path); `engine_path="classic"`
-    starts none; `keep` keeps the working directory; `dagster_storage` is `sqlite` or `postgres`."""
+    starts none; `spark="cluster"` starts a standalone cluster as the master of the engine (Connect path) or of
+    every run's session (classic path, `ONCEFLOW_SPARK_MASTER`); `dagster_storage` is `sqlite` or `postgres`;
+    `keep` keeps the working directory."""
     if engine_path not in ("connect", "classic"):
         raise ValueError(f"engine_path={engine_path!r}: expected connect or classic")
+    if spark not in ("local", "cluster"):
+        raise ValueError(f"spark={spark!r}: expected local or cluster")
     if dagster_storage not in INSTANCE_CONFIGS:
         raise ValueError(f"dagster_storage={dagster_storage!r}: expected {' or '.join(INSTANCE_CONFIGS)}")
     workdir = Path(tempfile.mkdtemp(prefix=prefix))
@@ -116,11 +125,18 @@ def local_stack(
         pubsub = start_pubsub_emulator()
         stops.append(pubsub.stop)
         os.environ["PUBSUB_EMULATOR_HOST"] = pubsub.host
+        cluster = None
+        if spark == "cluster":
+            say("starting a Spark standalone cluster: a master and two workers")
+            cluster = start_spark_cluster()
+            stops.append(cluster.stop)
+            # Every driver (the engine, or each run's session) binds to loopback, as the cluster does.
+            os.environ.update(ONCEFLOW_SPARK_MASTER=cluster.master_url, SPARK_LOCAL_IP="127.0.0.1")
         engines: list[SparkConnectServer] = []
         if engine_path == "classic":
             spark_remote = None
         elif spark_remote is None:
-            engines.append(start_spark_connect_server())
+            engines.append(start_engine(load_settings()))
             spark_remote = engines[0].url
             stops.append(lambda: engines[0].stop())
             # Released while its engine is up: at exit, a client whose server is gone retries for ten minutes.
@@ -144,7 +160,7 @@ def local_stack(
                 cwd=PROJECT_ROOT, env=dict(os.environ), start_new_session=True, stdout=log, stderr=subprocess.STDOUT,
             )
         stops.append(lambda: stop_process_group(daemon, (signal.SIGTERM, signal.SIGKILL), timeout_s=20))
-        yield LocalStack(workdir, instance, pubsub, spark_remote, engines, bigquery, daemon, postgres)
+        yield LocalStack(workdir, instance, pubsub, spark_remote, engines, bigquery, daemon, postgres, cluster)
     finally:
         for stop in reversed(stops):
             stop()

@@ -52,7 +52,8 @@ def _prod(settings: Settings) -> dict[str, Any]:
 
 def _compute(settings: Settings) -> dict[str, Any]:
     return {
-        "spark": SparkResource(master=settings.spark_master, remote=settings.spark_remote, ui_enabled=settings.spark_ui),
+        "spark": SparkResource(master=settings.spark_master, remote=settings.spark_remote, ui_enabled=settings.spark_ui,
+                               conf=settings.spark_conf, jars=list(settings.spark_jars)),
         "lake": LakeResource(home=settings.home_path, id_filters=settings.dedup_fast_path),
     }
 

@@ -7,12 +7,14 @@ names the variable, e.g. `ONCEFLOW_MAX_MESSAGES='lots': Input should be a valid 
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from resources.faults import POINTS
 
@@ -43,9 +45,19 @@ class Settings(BaseSettings):
     )
     bq_emulator_dir: str | None = Field(default=None, description="The BigQuery emulator's virtualenv cache.")
 
-    spark_master: str = "local[2]"
+    spark_master: str = Field(
+        default="local[2]", description="`local[N]`, `spark://host:port`, `k8s://...` or `yarn`; small-machine tuning "
+        "(resources.spark) on `local` only."
+    )
     spark_remote: str | None = None
     spark_ui: bool = False
+    spark_conf: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict,
+        description='Spark settings every engine onceflow starts gets, a JSON object: `{"spark.executor.memory": "4g"}`.',
+    )
+    spark_jars: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(), description="Extra jars (comma-separated paths or URLs) beside Delta's and onceflow's own."
+    )
 
     pubsub_project: str = "onceflow-local"
     pubsub_emulator_host: str | None = Field(
@@ -93,6 +105,23 @@ class Settings(BaseSettings):
                 raise ValueError(f"unknown crash point {value!r} (points: {', '.join(sorted(POINTS))}; `#k` optional)")
         return value or None
 
+    @field_validator("spark_master")
+    @classmethod
+    def _spark_master(cls, value: str) -> str:
+        if not re.fullmatch(r"local(-cluster)?(\[[^]]+\])?|(spark|k8s)://.+|yarn", value):
+            raise ValueError("expected local[N], spark://host:port, k8s://https://host:port or yarn")
+        return value
+
+    @field_validator("spark_conf", mode="before")
+    @classmethod
+    def _spark_conf(cls, value: object) -> dict[str, str]:
+        return parse_spark_conf(value) if isinstance(value, str) else value  # type: ignore[return-value]
+
+    @field_validator("spark_jars", mode="before")
+    @classmethod
+    def _spark_jars(cls, value: object) -> object:
+        return tuple(jar.strip() for jar in value.split(",") if jar.strip()) if isinstance(value, str) else value
+
     @property
     def home_path(self) -> str:
         """`home` as an absolute path (or the `gs://` URL as given)."""
@@ -102,6 +131,34 @@ class Settings(BaseSettings):
     def events_directory(self) -> str:
         """Where the file-source variant of `events` reads: `ONCEFLOW_EVENTS_DIR`, else `<home>/incoming/events`."""
         return self.events_dir or f"{self.home_path}/incoming/events"
+
+
+# Settings onceflow sets itself from other variables: taken from `ONCEFLOW_SPARK_CONF` they would drop them.
+OWN_SPARK_KEYS = {"spark.master": "ONCEFLOW_SPARK_MASTER", "spark.remote": "ONCEFLOW_SPARK_REMOTE",
+                  "spark.jars": "ONCEFLOW_SPARK_JARS"}
+
+
+def parse_spark_conf(text: str) -> dict[str, str]:
+    """`ONCEFLOW_SPARK_CONF`'s JSON object of `spark.*` keys; numbers and booleans become Spark's spelling."""
+    try:
+        conf = json.loads(text) if text.strip() else {}
+    except json.JSONDecodeError as error:
+        raise ValueError(f'not a JSON object of Spark settings (like {{"spark.executor.memory": "4g"}}): {error}') from None
+    if not isinstance(conf, dict):
+        raise ValueError('expected a JSON object of Spark settings, like {"spark.executor.memory": "4g"}')
+    parsed = {}
+    for key, value in conf.items():
+        if not key.startswith("spark."):
+            raise ValueError(f"{key!r} is not a Spark setting (keys start with `spark.`)")
+        if key in OWN_SPARK_KEYS:
+            raise ValueError(f"{key!r} comes from {OWN_SPARK_KEYS[key]}, not from here")
+        if isinstance(value, bool):
+            parsed[key] = str(value).lower()
+        elif isinstance(value, str | int | float):
+            parsed[key] = str(value)
+        else:
+            raise ValueError(f"{key!r}: a value is a string, a number or a boolean, not {json.dumps(value)}")
+    return parsed
 
 
 def load_settings() -> Settings:

@@ -1,11 +1,13 @@
 """The Spark session: local by default, a `spark://` cluster or a Spark Connect server when configured.
 
-Every session gets Delta's SQL extension and catalog, UTC as its time zone and settings that suit a small machine.
+Every engine gets Delta's SQL extension and catalog, UTC as its time zone, Delta's jars and onceflow's own
+(`spark.jars`, which Spark ships to the executors), the user's extra jars and Spark settings
+(`ONCEFLOW_SPARK_JARS`, `ONCEFLOW_SPARK_CONF`); a `local` master also gets settings that suit a small machine.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Mapping, Sequence
 
 import dagster as dg
 from pydantic import Field
@@ -14,17 +16,21 @@ from pyspark.sql import SparkSession
 from resources.delta_jars import ensure_delta_jars
 from resources.spark_functions import ensure_spark_functions_jar
 
+# Tuning for a `local` master on a small machine; a cluster keeps Spark's defaults (and the user's settings).
 # Delta reconstructs table state with this many tasks; its default of 50 costs seconds per command on 2 cores.
 SMALL_MACHINE_CONF = {
     "spark.sql.shuffle.partitions": "4",
     "spark.databricks.delta.snapshotPartitions": "2",
     # VACUUM lists a table in this many tasks; Spark's default (10,000) makes it take ~30 s per table on two cores.
     "spark.sql.sources.parallelPartitionDiscovery.parallelism": "8",
-    "spark.sql.session.timeZone": "UTC",
-    "spark.ui.showConsoleProgress": "false",
     # Adaptive execution runs each shuffle and each first use of a cached plan as a job of its own and re-plans
     # between them: on batches of a few MB that costs more than it finds (~0.1 s of a 44,000-record batch's ingest).
     "spark.sql.adaptive.enabled": "false",
+}
+ENGINE_CONF = {
+    # Windows and time buckets are UTC whatever the machine's zone: a correctness setting, on every engine.
+    "spark.sql.session.timeZone": "UTC",
+    "spark.ui.showConsoleProgress": "false",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     # Ingest caches each batch once, reads it twice and drops it: compressing it cost more than it saved (~0.15 s
     # of a 44,000-record batch); a batch is a few MB.
@@ -41,9 +47,16 @@ DELTA_CONF = {
 }
 
 
-def engine_jars() -> list[Path]:
-    """The jars every onceflow Spark engine loads: Delta's and onceflow's own functions (cached after set-up)."""
-    return [*ensure_delta_jars(), ensure_spark_functions_jar()]
+def engine_jars(extra: Sequence[str] = ()) -> list[str]:
+    """The jars every onceflow Spark engine loads: Delta's and onceflow's own functions (cached after set-up), then
+    the user's `extra` ones (paths or URLs)."""
+    return [*map(str, ensure_delta_jars()), str(ensure_spark_functions_jar()), *extra]
+
+
+def engine_conf(master: str, conf: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The Spark settings of an engine on `master` (its jars apart): onceflow's, then the user's `conf` on top."""
+    small = SMALL_MACHINE_CONF if master.startswith("local") else {}
+    return {**small, **ENGINE_CONF, **PARQUET_CONF, **DELTA_CONF, **(conf or {})}
 
 
 def build_spark_session(
@@ -51,13 +64,14 @@ def build_spark_session(
     remote: str | None = None,
     app_name: str = "onceflow",
     ui_enabled: bool = False,
-    conf: dict[str, str] | None = None,
+    conf: Mapping[str, str] | None = None,
+    jars: Sequence[str] = (),
 ) -> SparkSession:
     """Create (or reuse) the process's Spark session.
 
     With `remote` (`sc://host:port`) the session is a Spark Connect client of a server that already has Delta
-    configured; otherwise a classic session on `master` (`local[N]` or `spark://host:port`) is built with the cached
-    Delta jars and onceflow's own Spark functions (`resources.spark_functions`).
+    configured (`conf` and `jars` are the server's, given when it started); otherwise a classic session on
+    `master` (`local[N]` or `spark://host:port`) is built with `engine_conf` and `engine_jars`.
     """
     if remote:
         session = SparkSession.builder.remote(remote).getOrCreate()
@@ -70,12 +84,9 @@ def build_spark_session(
         return session
     builder = SparkSession.builder.master(master).appName(app_name)
     settings = {
-        **SMALL_MACHINE_CONF,
-        **PARQUET_CONF,
-        **DELTA_CONF,
-        "spark.jars": ",".join(map(str, engine_jars())),
         "spark.ui.enabled": str(ui_enabled).lower(),
-        **(conf or {}),
+        **engine_conf(master, conf),
+        "spark.jars": ",".join(engine_jars(jars)),
     }
     for key, value in settings.items():
         builder = builder.config(key, value)
@@ -91,7 +102,8 @@ class SparkResource(dg.ConfigurableResource):
     remote: str | None = Field(default=None, description="Spark Connect URL (sc://host:port); overrides master.")
     app_name: str = "onceflow"
     ui_enabled: bool = False
-    conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark settings.")
+    conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark settings (`ONCEFLOW_SPARK_CONF`).")
+    jars: list[str] = Field(default_factory=list, description="Extra jars (`ONCEFLOW_SPARK_JARS`).")
 
     def get_session(self) -> SparkSession:
-        return build_spark_session(self.master, self.remote, self.app_name, self.ui_enabled, self.conf)
+        return build_spark_session(self.master, self.remote, self.app_name, self.ui_enabled, self.conf, self.jars)

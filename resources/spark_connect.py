@@ -2,7 +2,9 @@
 
 A new local Spark session costs 8-14 s of JVM start-up and warm-up on a small machine; a Spark Connect client
 connects in about a second and finds the server's JIT already warm. The server runs `spark-submit` from the
-pyspark wheel in its own process group on a loopback port and is stopped by signalling that group.
+pyspark wheel in its own process group on a loopback port and is stopped by signalling that group. It is the
+driver of its own master: `local[2]` by default, or a cluster (`spark://...`), whose executors get the engine's
+jars through `--jars`.
 """
 
 from __future__ import annotations
@@ -13,14 +15,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import pyspark
-
 from resources.processes import stop_process_group
 from resources.pubsub_emulator import free_port
-from resources.spark import DELTA_CONF, PARQUET_CONF, SMALL_MACHINE_CONF, engine_jars
+from resources.settings import Settings
+from resources.spark import engine_conf, engine_jars
+from resources.spark_cluster import spark_home
 
 
 @dataclass
@@ -39,31 +42,38 @@ class SparkConnectServer:
 
 
 def start_spark_connect_server(
-    master: str = "local[2]", port: int | None = None, driver_memory: str = "2g", timeout_s: float = 120.0
+    master: str = "local[2]",
+    port: int | None = None,
+    driver_memory: str = "2g",
+    timeout_s: float = 120.0,
+    conf: Mapping[str, str] | None = None,
+    jars: Sequence[str] = (),
 ) -> SparkConnectServer:
-    """Start a Delta-enabled Spark Connect server on 127.0.0.1 and wait until it accepts connections."""
+    """Start a Delta-enabled Spark Connect server on 127.0.0.1 driving `master` (with the user's extra `conf` and
+    `jars`, see `resources.spark`) and wait until it accepts connections."""
     port = port or free_port()
-    spark_home = Path(pyspark.__file__).parent
     conf = {
-        **SMALL_MACHINE_CONF,
-        **PARQUET_CONF,
-        **DELTA_CONF,
         "spark.ui.enabled": "false",
+        **engine_conf(master, conf),
         "spark.connect.grpc.binding.address": "127.0.0.1",
         "spark.connect.grpc.binding.port": str(port),
     }
     command = [
-        str(spark_home / "bin" / "spark-submit"),
+        str(spark_home() / "bin" / "spark-submit"),
         "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
         "--name", "onceflow-spark-connect",
         "--master", master,
         "--driver-memory", driver_memory,
-        "--jars", ",".join(map(str, engine_jars())),
+        "--jars", ",".join(engine_jars(jars)),
     ]
     for key, value in conf.items():
         command += ["--conf", f"{key}={value}"]
     log_path = Path(tempfile.mkdtemp(prefix="onceflow-spark-connect-")) / "server.log"
-    env = {**os.environ, "SPARK_HOME": str(spark_home), "PYSPARK_PYTHON": sys.executable}
+    env = {**os.environ, "SPARK_HOME": str(spark_home()), "PYSPARK_PYTHON": sys.executable}
+    if master.startswith("local") or "//127.0.0.1:" in master:
+        # The whole engine is on this machine: its driver binds to loopback too. A remote cluster's executors
+        # must reach the driver, so there the machine's address (or the user's SPARK_LOCAL_IP) stays.
+        env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     server = SparkConnectServer(process, port, log_path)
@@ -78,3 +88,11 @@ def start_spark_connect_server(
             time.sleep(0.5)
     server.stop()
     raise RuntimeError(f"Spark Connect server did not listen on port {port} within {timeout_s:.0f}s")
+
+
+def start_engine(settings: Settings, master: str | None = None, port: int | None = None) -> SparkConnectServer:
+    """The warm engine of `onceflow engine`, `onceflow dev` and the local stack: a Spark Connect server on `master`
+    (default `ONCEFLOW_SPARK_MASTER`) with the settings' Spark conf and extra jars."""
+    return start_spark_connect_server(
+        master or settings.spark_master, port, conf=settings.spark_conf, jars=settings.spark_jars
+    )

@@ -22,6 +22,7 @@ from pyspark.sql import SparkSession
 from resources.bigquery_emulator import BigQueryEmulator, BigQueryEmulatorUnavailable, start_bigquery_emulator
 from resources.pubsub_emulator import PubSubEmulator, start_pubsub_emulator
 from resources.spark import build_spark_session
+from resources.spark_cluster import SparkCluster, start_spark_cluster
 from resources.spark_connect import SparkConnectServer, start_spark_connect_server
 
 S = TypeVar("S", PubSubEmulator, SparkConnectServer, BigQueryEmulator)
@@ -56,6 +57,17 @@ def spark_connect() -> Iterator[SparkConnectServer]:
     require(shutil.which("java") is not None, "Java 17")
     server = start_spark_connect_server()
     yield from running(server, "ONCEFLOW_SPARK_REMOTE", server.url)
+
+
+@pytest.fixture(scope="session")
+def spark_cluster() -> Iterator[SparkCluster]:
+    """A Spark standalone cluster on 127.0.0.1: a master and two workers of one core and 1 GB each."""
+    require(shutil.which("java") is not None, "Java 17")
+    cluster = start_spark_cluster()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture(scope="session")

@@ -82,10 +82,11 @@ def drain(get_spark, source: SourceRuntime, redelivery_wait_s: float = 0.0) -> l
 
 
 def dagster_cli(
-    args: list[str], home: str, crash_at: str | None, dagster_home: str | None = None, **settings: str
+    args: list[str], home: str, crash_at: str | None, dagster_home: str | None = None, timeout_s: float = 300,
+    **settings: str,
 ) -> subprocess.CompletedProcess[str]:
     """Run a `dagster` command in its own process, as an operator would, against the instance in `dagster_home`
-    (a fresh one when None).
+    (a fresh one when None), for at most `timeout_s`.
 
     `settings` become `ONCEFLOW_<NAME>` variables (`pubsub_project="p"` sets `ONCEFLOW_PUBSUB_PROJECT`).
     """
@@ -98,7 +99,7 @@ def dagster_cli(
     with tempfile.TemporaryDirectory() as fresh:
         env["DAGSTER_HOME"] = dagster_home or fresh
         return subprocess.run(
-            [sys.executable, "-m", "dagster", *args], env=env, capture_output=True, text=True, timeout=300
+            [sys.executable, "-m", "dagster", *args], env=env, capture_output=True, text=True, timeout=timeout_s
         )
 
 

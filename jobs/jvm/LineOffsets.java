@@ -2,11 +2,14 @@ package io.onceflow;
 
 import java.io.IOException;
 import java.io.UncheckedIOException;
-import java.nio.ByteBuffer;
-import java.nio.channels.FileChannel;
-import java.nio.file.Path;
+import java.net.URI;
 
+import org.apache.hadoop.conf.Configuration;
+import org.apache.hadoop.fs.FSDataInputStream;
+import org.apache.hadoop.fs.Path;
+import org.apache.spark.SparkEnv;
 import org.apache.spark.TaskContext;
+import scala.Tuple2;
 
 /**
  * The byte offset of each line Spark's text source reads, summed from the lengths of the lines before it in its
@@ -14,7 +17,8 @@ import org.apache.spark.TaskContext;
  *
  * <p>Called through Spark's {@code reflect} (which Spark treats as nondeterministic, so it neither reorders,
  * repeats nor filters the calls) once per line, in read order, with the line's file, the start of the split it
- * was read from, its length in bytes including its "\n" and, for a split that starts inside the file, its path.
+ * was read from, its length in bytes including its "\n" and, for a split that starts inside the file, its URI as
+ * Spark listed it (opened through Hadoop's file systems, as the executor's scan did: never a driver-local path).
  * A thread runs one task at a time and a task reads its splits line by line, so the running offset is kept per
  * thread and starts again with each task and each split. A split that starts inside a file begins, as Hadoop's
  * line reader does, at the line after the first "\n" at or after its start.
@@ -31,9 +35,9 @@ public final class LineOffsets {
 
   /**
    * The offset of the line of {@code size} bytes read next from the split at {@code block} of file number {@code
-   * file}, whose {@code path} is needed (and given) only where {@code block} is not 0.
+   * file}, whose {@code uri} is needed (and given) only where {@code block} is not 0.
    */
-  public static long offset(int file, long block, int size, String path) {
+  public static long offset(int file, long block, int size, String uri) {
     LineOffsets cursor = CURSOR.get();
     TaskContext context = TaskContext.get();
     long task = context == null ? -1 : context.taskAttemptId();
@@ -41,30 +45,42 @@ public final class LineOffsets {
       cursor.task = task;
       cursor.file = file;
       cursor.block = block;
-      cursor.next = block == 0 ? 0 : firstLineAt(path, block);
+      cursor.next = block == 0 ? 0 : firstLineAt(uri, block);
     }
     long offset = cursor.next;
     cursor.next += size;
     return offset;
   }
 
-  private static long firstLineAt(String path, long start) {
-    try (FileChannel channel = FileChannel.open(Path.of(path))) {
-      ByteBuffer buffer = ByteBuffer.allocate(1 << 16);
+  private static long firstLineAt(String uri, long start) {
+    Path path = new Path(URI.create(uri));
+    try (FSDataInputStream in = path.getFileSystem(hadoopConf()).open(path)) {
+      in.seek(start);
+      byte[] buffer = new byte[1 << 16];
       long position = start;
-      while (channel.read(buffer, position) > 0) {
-        buffer.flip();
-        while (buffer.hasRemaining()) {
+      for (int read = in.read(buffer); read > 0; read = in.read(buffer)) {
+        for (int i = 0; i < read; i++) {
           position++;
-          if (buffer.get() == '\n') {
+          if (buffer[i] == '\n') {
             return position;
           }
         }
-        buffer.clear();
       }
       return position;
     } catch (IOException e) {
       throw new UncheckedIOException(e);
     }
+  }
+
+  /** Hadoop's settings as the engine was given them ({@code spark.hadoop.*}): a store's scheme and credentials. */
+  private static Configuration hadoopConf() {
+    Configuration conf = new Configuration();
+    SparkEnv env = SparkEnv.get();
+    if (env != null) {
+      for (Tuple2<String, String> setting : env.conf().getAllWithPrefix("spark.hadoop.")) {
+        conf.set(setting._1(), setting._2());
+      }
+    }
+    return conf;
   }
 }
