@@ -13,7 +13,7 @@ from pathlib import Path
 from orchestration.commits_cli import add_commands as add_commit_commands
 from orchestration.reset_cli import add_commands as add_reset_commands
 from orchestration.status import add_commands as add_status_commands
-from resources.delta_jars import ensure_delta_jars
+from resources.delta_jars import ensure_delta_jars, ensure_gcs_connector_jar
 from resources.processes import stop_process_group
 from resources.settings import load_settings
 from resources.spark_functions import ensure_spark_functions_jar
@@ -24,6 +24,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 def cmd_setup(_: argparse.Namespace) -> int:
     for jar in ensure_delta_jars():
         print(f"delta jar: {jar}")
+    print(f"GCS connector (gs:// homes): {ensure_gcs_connector_jar()}")
     print(f"onceflow's Spark functions: {ensure_spark_functions_jar()}")
     return 0
 
@@ -89,7 +90,7 @@ def cmd_demo(_: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="onceflow", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("setup", help="fetch and cache the Delta jars").set_defaults(func=cmd_setup)
+    sub.add_parser("setup", help="fetch and cache the Delta jars and the GCS connector").set_defaults(func=cmd_setup)
     sub.add_parser("demo", help="the end-to-end exactly-once demo").set_defaults(func=cmd_demo)
     dev = sub.add_parser("dev", help="Dagster UI and daemon with the persistent instance")
     dev.add_argument("--host", default="127.0.0.1")

@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from resources.faults import POINTS
 
 PREFIX = "ONCEFLOW_"
+SUPPORTED_HOMES = "ONCEFLOW_HOME must be a local path or gs://bucket[/prefix] (Google Cloud Storage)"
 
 
 class SettingsError(ValueError):
@@ -33,7 +34,10 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix=PREFIX, extra="ignore", frozen=True)
 
-    home: str = Field(default=".onceflow", description="Root of the lake, landing files, checkpoints, commits.")
+    home: str = Field(
+        default=".onceflow",
+        description="Root of the lake, landing files, checkpoints, commits: a local path or gs://bucket/prefix.",
+    )
     pipelines: str | None = Field(default=None, description="`package.module` whose PIPELINES replace the built-ins.")
     jars_dir: str | None = Field(
         default=None, description="Jar cache: Delta's and onceflow's functions (default ~/.cache/onceflow/jars)."
@@ -52,6 +56,10 @@ class Settings(BaseSettings):
     bigquery_dataset: str | None = None
     bigquery_emulator_host: str | None = Field(
         default=None, validation_alias=AliasChoices("BIGQUERY_EMULATOR_HOST", "ONCEFLOW_BIGQUERY_EMULATOR_HOST")
+    )
+    storage_emulator_host: str | None = Field(
+        default=None, validation_alias=AliasChoices("STORAGE_EMULATOR_HOST", "ONCEFLOW_STORAGE_EMULATOR_HOST"),
+        description="A GCS emulator's URL (http://host:port): every store of a gs:// home talks to it instead.",
     )
 
     max_messages: int = Field(default=10_000, gt=0)
@@ -85,6 +93,15 @@ class Settings(BaseSettings):
             if point not in POINTS or (nth and not nth.isdigit()):
                 raise ValueError(f"unknown crash point {value!r} (points: {', '.join(sorted(POINTS))}; `#k` optional)")
         return value or None
+
+    @field_validator("home")
+    @classmethod
+    def _supported_home(cls, value: str) -> str:
+        # Every store must live where the home says: a scheme only some of them could reach would split it.
+        scheme = value.partition("://")[0] if "://" in value else ""
+        if scheme not in ("", "gs") or (scheme == "gs" and not value.removeprefix("gs://").strip("/")):
+            raise ValueError(f"unsupported home {value!r}: {SUPPORTED_HOMES}")
+        return value
 
     @property
     def home_path(self) -> str:

@@ -11,7 +11,9 @@ import dagster as dg
 from pydantic import Field
 from pyspark.sql import SparkSession
 
-from resources.delta_jars import ensure_delta_jars
+from resources.delta_jars import ensure_delta_jars, ensure_gcs_connector_jar
+from resources.gcs import hadoop_gcs_conf, spark_gcs_conf
+from resources.settings import load_settings
 from resources.spark_functions import ensure_spark_functions_jar
 
 # Delta reconstructs table state with this many tasks; its default of 50 costs seconds per command on 2 cores.
@@ -42,8 +44,9 @@ DELTA_CONF = {
 
 
 def engine_jars() -> list[Path]:
-    """The jars every onceflow Spark engine loads: Delta's and onceflow's own functions (cached after set-up)."""
-    return [*ensure_delta_jars(), ensure_spark_functions_jar()]
+    """The jars every onceflow Spark engine loads: Delta's, the GCS connector (so any engine can serve a `gs://`
+    home) and onceflow's own functions (cached after set-up)."""
+    return [*ensure_delta_jars(), ensure_gcs_connector_jar(), ensure_spark_functions_jar()]
 
 
 def build_spark_session(
@@ -67,7 +70,7 @@ def build_spark_session(
         except Exception:  # the cached session is of an engine that restarted since: start anew
             session = SparkSession.builder.remote(remote).create()
             session.conf.set("spark.sql.session.timeZone", "UTC")
-        return session
+        return with_gcs_settings(session)
     builder = SparkSession.builder.master(master).appName(app_name)
     settings = {
         **SMALL_MACHINE_CONF,
@@ -75,12 +78,24 @@ def build_spark_session(
         **DELTA_CONF,
         "spark.jars": ",".join(map(str, engine_jars())),
         "spark.ui.enabled": str(ui_enabled).lower(),
+        **spark_gcs_conf(),
         **(conf or {}),
     }
     for key, value in settings.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
+    return with_gcs_settings(session)
+
+
+def with_gcs_settings(session: SparkSession) -> SparkSession:
+    """On a `gs://` home, the session's Hadoop `fs.gs.*` settings for this process's settings (the emulator's URL
+    or none): an engine started before them (a warm server, a reused session) then reaches the same storage."""
+    settings = load_settings()
+    if settings.home_path.startswith("gs://"):
+        # Session settings reach the Hadoop configuration of every file system this session's queries open.
+        for key, value in hadoop_gcs_conf(settings.storage_emulator_host).items():
+            session.conf.set(key, value)
     return session
 
 

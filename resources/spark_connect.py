@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pyspark
 
+from resources.gcs import spark_gcs_conf
 from resources.processes import stop_process_group
 from resources.pubsub_emulator import free_port
 from resources.spark import DELTA_CONF, PARQUET_CONF, SMALL_MACHINE_CONF, engine_jars
@@ -48,6 +49,7 @@ def start_spark_connect_server(
         **SMALL_MACHINE_CONF,
         **PARQUET_CONF,
         **DELTA_CONF,
+        **spark_gcs_conf(),
         "spark.ui.enabled": "false",
         "spark.connect.grpc.binding.address": "127.0.0.1",
         "spark.connect.grpc.binding.port": str(port),
