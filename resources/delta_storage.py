@@ -25,6 +25,7 @@ def delta_table(uri: str, version: int | None = None) -> DeltaTable:
 def table_files(uri: str) -> tuple[pafs.FileSystem, str]:
     """A file system holding the files of the table at `uri`, and the table's root in it: to read the Delta log's
     commit files and data files directly (`jobs.log_ids`), on local disk or GCS alike."""
+    uri = uri.rstrip("/")
     if not is_gcs(uri):
         return pafs.LocalFileSystem(), uri.removeprefix("file://")
     host = load_settings().storage_emulator_host

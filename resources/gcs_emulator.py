@@ -8,15 +8,17 @@ Every client reaches it through the standard `STORAGE_EMULATOR_HOST` variable, s
 from __future__ import annotations
 
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from resources.gcs_shim import XmlApiShim
 from resources.processes import stop_process_group
 from resources.pubsub_emulator import free_port
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 class GcsEmulatorUnavailable(RuntimeError):
@@ -26,13 +28,14 @@ class GcsEmulatorUnavailable(RuntimeError):
 @dataclass
 class GcsEmulator:
     process: subprocess.Popen[bytes]
-    shim: XmlApiShim
+    shim: subprocess.Popen[bytes]
+    shim_port: int
     log_path: Path
 
     @property
     def host(self) -> str:
         """What `STORAGE_EMULATOR_HOST` must be set to (the shim, in front of the emulator)."""
-        return self.shim.url
+        return f"http://127.0.0.1:{self.shim_port}"
 
     def create_bucket(self, name: str) -> None:
         request = urllib.request.Request(
@@ -43,7 +46,7 @@ class GcsEmulator:
             response.read()
 
     def stop(self) -> None:
-        self.shim.stop()
+        stop_process_group(self.shim)
         stop_process_group(self.process)
 
 
@@ -57,23 +60,25 @@ def emulator_binary() -> Path:
 
 def start_gcs_emulator(timeout_s: float = 20.0) -> GcsEmulator:
     """Start fake-gcs-server (in memory) and its shim on free loopback ports; wait until it answers."""
-    port = free_port()
+    port, shim_port = free_port(), free_port()
     log_path = Path(tempfile.mkdtemp(prefix="onceflow-gcs-")) / "emulator.log"
     upstream = f"127.0.0.1:{port}"
-    shim = XmlApiShim(f"http://{upstream}")
     with log_path.open("wb") as log:
+        shim = subprocess.Popen([sys.executable, "-m", "resources.gcs_shim", f"http://{upstream}", str(shim_port)],
+                                cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         # -public-host: the emulator serves XML API (path-style) requests only for the host it is told it is;
         # -external-url: resumable uploads continue through the shim too.
         process = subprocess.Popen(
             [str(emulator_binary()), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
-             "-port", str(port), "-public-host", upstream, "-external-url", shim.url, "-log-level", "warn"],
+             "-port", str(port), "-public-host", upstream, "-external-url", f"http://127.0.0.1:{shim_port}",
+             "-log-level", "warn"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
-    emulator = GcsEmulator(process, shim, log_path)
+    emulator = GcsEmulator(process, shim, shim_port, log_path)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if process.poll() is not None:
-            emulator.shim.stop()
+        if process.poll() is not None or shim.poll() is not None:
+            emulator.stop()
             raise RuntimeError(f"GCS emulator exited: {log_path.read_text(errors='replace')[-2000:]}")
         try:
             with urllib.request.urlopen(f"{emulator.host}/storage/v1/b?project=onceflow-local", timeout=1):

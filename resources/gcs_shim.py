@@ -5,10 +5,14 @@ fake-gcs-server speaks Google's JSON API, which Google's Python client and Hadoo
 invalid uploadType"), copies and multipart uploads, and whose listing ignores `start-after`. The shim forwards
 JSON API calls unchanged and translates those XML API calls to their JSON API equivalents, preconditions
 (`x-goog-if-generation-match`) included, so that delta-rs's conditional commits are checked by the emulator itself.
+
+The shim runs as a process of its own (`python -m resources.gcs_shim UPSTREAM PORT`): some delta-rs calls hold
+Python's GIL while they wait for the network, which would starve a shim serving from threads of the same process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import http.server
 import json
@@ -27,7 +31,7 @@ class LoopbackProxy:
     """Forwards every request to `upstream` (an `http://127.0.0.1:PORT` server); `answer` may be overridden to
     change what a request does. Its URL is `url`."""
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, port: int = 0) -> None:
         target = urlsplit(upstream)
         self.upstream_host, self.upstream_port = target.hostname or "127.0.0.1", target.port or 80
         proxy = self
@@ -52,12 +56,16 @@ class LoopbackProxy:
                 self.end_headers()
                 self.wfile.write(payload)
 
-            do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = do_DELETE = _serve
+            def _serve_quietly(self) -> None:
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # a reader that stopped early
+                    self._serve()
+
+            do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = do_DELETE = _serve_quietly
 
             def log_message(self, *args: object) -> None:
                 return None
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
@@ -96,8 +104,8 @@ def _request_body(handler: http.server.BaseHTTPRequestHandler) -> bytes:
 class XmlApiShim(LoopbackProxy):
     """See the module docstring."""
 
-    def __init__(self, upstream: str) -> None:
-        super().__init__(upstream)
+    def __init__(self, upstream: str, port: int = 0) -> None:
+        super().__init__(upstream, port)
         self._parts: dict[str, dict[int, bytes]] = {}  # multipart upload id -> part number -> bytes
         self._lock = threading.Lock()
 
@@ -183,3 +191,10 @@ def _q(name: str) -> str:
 def _precondition(match_generation: str | None) -> str:
     return "" if match_generation is None else f"?ifGenerationMatch={match_generation}"
 
+
+
+if __name__ == "__main__":
+    import sys
+
+    XmlApiShim(sys.argv[1], int(sys.argv[2]))
+    threading.Event().wait()  # serve until the process is stopped
