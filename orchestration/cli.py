@@ -15,7 +15,7 @@ from orchestration.reset_cli import add_commands as add_reset_commands
 from orchestration.status import add_commands as add_status_commands
 from resources.delta_jars import ensure_delta_jars, ensure_gcs_connector_jar
 from resources.processes import stop_process_group
-from resources.settings import load_settings
+from resources.settings import SettingsError, load_settings
 from resources.spark_functions import ensure_spark_functions_jar
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -32,6 +32,9 @@ def cmd_setup(_: argparse.Namespace) -> int:
 def dagster_home() -> Path:
     """`$DAGSTER_HOME`, default `<ONCEFLOW_HOME>/dagster`, with the project's `dagster.yaml` in it."""
     settings = load_settings()
+    if settings.dagster_home is None and settings.home_path.startswith("gs://"):
+        raise SettingsError("DAGSTER_HOME: set it to a local directory when ONCEFLOW_HOME is on gs:// (the Dagster "
+                            "instance does not live in the lake)")
     home = Path(settings.dagster_home or Path(settings.home_path) / "dagster")
     home.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(PROJECT_ROOT / "dagster.yaml", home / "dagster.yaml")

@@ -1,4 +1,5 @@
 """A whole onceflow installation on this machine, for the demo and the chaos harness: Google's Pub/Sub emulator,
+the lake on local disk or (`lake="gcs"`) on the GCS emulator,
 a warm Spark Connect engine (or, on the classic engine path, none: every run builds its own local Spark session,
 whose appends delta-rs commits), the BigQuery emulator (when it can be set up), a temporary Dagster instance with
 the project's `dagster.yaml`, and a real `dagster-daemon` running the sensors and launching their runs.
@@ -27,6 +28,7 @@ from jobs.source_reader import open_source
 from orchestration.pipelines import load_pipelines
 from orchestration.resources import resources_for
 from resources.bigquery_emulator import BigQueryEmulator, BigQueryEmulatorUnavailable, start_bigquery_emulator
+from resources.gcs_emulator import start_gcs_emulator
 from resources.lake import LakeResource
 from resources.processes import stop_process_group
 from resources.pubsub_emulator import PubSubEmulator, start_pubsub_emulator
@@ -46,10 +48,12 @@ class LocalStack:
     engines: list[SparkConnectServer]  # the engine it started, if any, as a list so a restart can replace it
     bigquery: BigQueryEmulator | None
     daemon: subprocess.Popen[bytes]
+    lake_home: str  # `ONCEFLOW_HOME`: `<workdir>/home`, or `gs://<bucket>/home` on the GCS emulator
 
     @property
-    def home(self) -> Path:
-        return self.workdir / "home"
+    def home(self) -> Path | str:
+        """The stack's `ONCEFLOW_HOME`: a local directory, or the `gs://` URL of a lake on the GCS emulator."""
+        return self.lake_home if self.lake_home.startswith("gs://") else Path(self.lake_home)
 
     @property
     def engine_path(self) -> str:
@@ -58,7 +62,7 @@ class LocalStack:
 
     @property
     def lake(self) -> LakeResource:
-        return LakeResource(home=str(self.home))
+        return LakeResource(home=self.lake_home)
 
     def restart_engine(self) -> None:
         """Stop the Spark engine and start a new one on the same port: runs using it fail, and are retried."""
@@ -80,14 +84,19 @@ def local_stack(
     keep: bool = False,
     say: Callable[[str], None] = print,
     engine_path: str = "connect",
+    lake: str = "local",
 ) -> Iterator[LocalStack]:
     """Start the stack with `settings` (`ONCEFLOW_*` variables) on top of a clean environment; see the module
     docstring. `spark_remote` is an engine to use instead of starting one (Connect path); `engine_path="classic"`
-    starts none; `keep` keeps the working directory."""
+    starts none; `keep` keeps the working directory; `lake="gcs"` puts the whole home on the GCS emulator
+    (`gs://<bucket>/home`, `STORAGE_EMULATOR_HOST` set for every process)."""
     if engine_path not in ("connect", "classic"):
         raise ValueError(f"engine_path={engine_path!r}: expected connect or classic")
+    if lake not in ("local", "gcs"):
+        raise ValueError(f"lake={lake!r}: expected local or gcs")
     workdir = Path(tempfile.mkdtemp(prefix=prefix))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ONCEFLOW_", "SPARK_", "PUBSUB_", "BIGQUERY_"))}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("ONCEFLOW_", "SPARK_", "PUBSUB_", "BIGQUERY_", "STORAGE_EMULATOR_"))}
     env.update(settings, ONCEFLOW_HOME=str(workdir / "home"), DAGSTER_HOME=str(workdir / "dagster"))
     Path(env["DAGSTER_HOME"]).mkdir(parents=True)
     shutil.copyfile(PROJECT_ROOT / "dagster.yaml", Path(env["DAGSTER_HOME"]) / "dagster.yaml")
@@ -96,6 +105,12 @@ def local_stack(
     os.environ.update(env)
     stops: list[Callable[[], None]] = []
     try:
+        if lake == "gcs":
+            say("starting the GCS emulator: the whole home on gs://")
+            gcs = start_gcs_emulator()
+            stops.append(gcs.stop)
+            gcs.create_bucket("onceflow-lake")
+            os.environ.update(STORAGE_EMULATOR_HOST=gcs.host, ONCEFLOW_HOME="gs://onceflow-lake/home")
         say(f"starting the Pub/Sub emulator, the BigQuery emulator and the Spark engine path: {engine_path}")
         pubsub = start_pubsub_emulator()
         stops.append(pubsub.stop)
@@ -128,7 +143,7 @@ def local_stack(
                 cwd=PROJECT_ROOT, env=dict(os.environ), start_new_session=True, stdout=log, stderr=subprocess.STDOUT,
             )
         stops.append(lambda: stop_process_group(daemon, (signal.SIGTERM, signal.SIGKILL), timeout_s=20))
-        yield LocalStack(workdir, instance, pubsub, spark_remote, engines, bigquery, daemon)
+        yield LocalStack(workdir, instance, pubsub, spark_remote, engines, bigquery, daemon, os.environ["ONCEFLOW_HOME"])
     finally:
         for stop in reversed(stops):
             stop()

