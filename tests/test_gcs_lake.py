@@ -19,15 +19,16 @@ from jobs.panes import CloseStore, Window
 from jobs.sinks import output_sinks, publish_closed
 from jobs.source_reader import open_source, source_watermark_ms
 from jobs.windows import materialize_windows
-from orchestration.workload import expected_raw
+from orchestration.workload import expected_raw, make_events, publish_events, with_publisher_retries
 from resources.commit_store import CommitStore
 from resources.gcs_emulator import GcsEmulator
 from resources.lake import LakeResource
 from resources.object_store import GcsStore
+from resources.pubsub_emulator import PubSubEmulator
 from resources.settings import SettingsError, load_settings
 from resources.spark import with_gcs_settings
 from tests.delta_reader import read_rows
-from tests.pipelines import builtin, events_from_files
+from tests.pipelines import TOPIC, builtin, drain, events_from_files, events_pipeline, new_project, setup
 from tests.test_windows import WINDOW_ROWS, expected_rows, five_window_workload, minute_base, write_events
 
 RAW = ["record_id", "event_time", "key", "value"]
@@ -109,6 +110,27 @@ def test_ingest_windows_and_publish_on_a_gcs_home(
         in_table = [(key, count, total, pane) for start, key, count, total, pane, _ in read_rows(windows_path, WINDOW_ROWS)
                     if int(start.timestamp() * 1000) == window.start_ms]
         assert published_rows(lake.sink_root(), window) == (in_table if is_closed else [])
+
+
+@pytest.mark.engine_paths
+def test_pubsub_batches_land_in_gcs_and_ingest_exactly_once(
+    spark: SparkSession, gcs_home: str, pubsub_emulator: PubSubEmulator
+) -> None:
+    with_gcs_settings(spark)
+    client, source = setup(new_project(), gcs_home, events_pipeline(max_messages=300))
+    events = make_events(500, 1_763_720_000_000, 300_000, seed=3, prefix="p")
+    stream = with_publisher_retries(events, 0.10)
+    publish_events(client, TOPIC, stream)
+
+    results = drain(lambda: spark, source)
+
+    assert read_rows(source.raw_path, RAW) == expected_raw(events)
+    assert sum(r.received for r in results) == len(stream) and sum(r.inserted for r in results) == 500
+    assert all(r.balances() for r in results)
+    # Spark read each batch from its landing file on GCS.
+    plans = [source.checkpoints.get_plan(r.batch_id) for r in results]
+    landed = GcsStore(f"{gcs_home}/landing").list("")
+    assert sorted(p.landing_key for p in plans if p is not None) == landed and len(landed) == len(results) > 1
 
 
 @pytest.mark.parametrize("home", ["s3://bucket/home", "abfss://c@account.dfs.core.windows.net/home", "gs://"])
