@@ -8,7 +8,11 @@ import uuid
 from datetime import UTC, datetime
 from decimal import Decimal
 
+import pyarrow as pa
 import pytest
+from deltalake import write_deltalake
+from deltalake.exceptions import CommitFailedError
+from deltalake.transaction import CommitProperties
 from google.cloud import storage
 
 from jobs.commit_step import CommitContext
@@ -17,6 +21,7 @@ from jobs.panes import Window
 from jobs.publish import publish_pane
 from resources.checkpoint import CheckpointStore
 from resources.commit_store import DONE, CommitStore
+from resources.delta_storage import delta_table, storage_options
 from resources.gcs_emulator import GcsEmulator
 from resources.object_store import GcsStore
 from tests.gcs import LossyProxy
@@ -77,3 +82,16 @@ def test_a_retried_create_that_had_succeeded_is_ours(
         assert finals == ["published/event_counts/window=2026-11-21-10:05/pane=1/part-00000.jsonl"]
     finally:
         proxy.stop()
+
+
+def test_delta_rs_commits_on_gcs_keep_their_precondition(bucket: str) -> None:
+    # Two writers that read the same version: the second one's commit fails instead of rebasing, on gs:// as on
+    # local disk (what `delta_txn.append_once` relies on when it commits on the version the rows were found new at).
+    path = f"gs://{bucket}/lake/t"
+    write_deltalake(path, pa.table({"a": [1]}), storage_options=storage_options(path))
+    first, second = delta_table(path), delta_table(path)
+    no_rebase = CommitProperties(max_commit_retries=0)
+    first.create_write_transaction([], "append", first.schema(), commit_properties=no_rebase)
+    with pytest.raises(CommitFailedError):
+        second.create_write_transaction([], "append", second.schema(), commit_properties=no_rebase)
+    assert delta_table(path).version() == 1
