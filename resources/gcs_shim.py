@@ -116,7 +116,8 @@ class XmlApiShim(LoopbackProxy):
         bucket, _, name = split.path.lstrip("/").partition("/")
         bucket, name = unquote(bucket), unquote(name)
         query = {k: v[0] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
-        match_generation = headers.get("x-goog-if-generation-match")
+        named = {key.lower(): value for key, value in headers.items()}  # header names are case-insensitive
+        match_generation = named.get("x-goog-if-generation-match")
         if not name and method == "GET":
             return self._list(path, headers, query)
         if method == "PUT" and "uploadId" in query:
@@ -143,8 +144,8 @@ class XmlApiShim(LoopbackProxy):
             with self._lock:
                 self._parts.pop(query["uploadId"], None)
             return 204, [], b""
-        if method == "PUT" and "x-goog-copy-source" in headers:
-            source = unquote(headers["x-goog-copy-source"]).lstrip("/").partition("/")[2]
+        if method == "PUT" and "x-goog-copy-source" in named:
+            source = unquote(named["x-goog-copy-source"]).lstrip("/").partition("/")[2]
             return self._xml_answer(self.forward(
                 "POST", f"/storage/v1/b/{bucket}/o/{_q(source)}/copyTo/b/{bucket}/o/{_q(name)}"
                 + _precondition(match_generation), {"Content-Type": "application/json"}, b"{}"))
@@ -156,10 +157,16 @@ class XmlApiShim(LoopbackProxy):
         return self.forward(method, path, headers, body)
 
     def _upload(self, bucket: str, name: str, data: bytes, match_generation: str | None) -> Answer:
-        path = f"/upload/storage/v1/b/{bucket}/o?uploadType=media&name={_q(name)}"
+        # A multipart upload: the emulator checks `ifGenerationMatch` on these (not on a plain media upload).
+        path = f"/upload/storage/v1/b/{bucket}/o?uploadType=multipart"
         if match_generation is not None:
             path += f"&ifGenerationMatch={match_generation}"
-        return self._xml_answer(self.forward("POST", path, {"Content-Type": "application/octet-stream"}, data))
+        boundary = uuid.uuid4().hex
+        body = (f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{json.dumps({'name': name})}"
+                f"\r\n--{boundary}\r\nContent-Type: application/octet-stream\r\n\r\n").encode() + data + \
+            f"\r\n--{boundary}--\r\n".encode()
+        return self._xml_answer(self.forward("POST", path, {"Content-Type": f"multipart/related; boundary={boundary}"},
+                                             body))
 
     def _xml_answer(self, answer: Answer) -> Answer:
         """An XML API answer to a JSON API one: the object's ETag and generation as headers, no body."""

@@ -4,6 +4,8 @@ and the ambiguity of a retried create whose first attempt succeeded."""
 from __future__ import annotations
 
 import threading
+import urllib.error
+import urllib.request
 import uuid
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -95,3 +97,18 @@ def test_delta_rs_commits_on_gcs_keep_their_precondition(bucket: str) -> None:
     with pytest.raises(CommitFailedError):
         second.create_write_transaction([], "append", second.schema(), commit_properties=no_rebase)
     assert delta_table(path).version() == 1
+
+
+def test_the_shim_keeps_the_xml_apis_create_precondition(gcs_emulator: GcsEmulator, bucket: str) -> None:
+    # delta-rs writes a commit file as an XML API upload "only if absent": the second such upload must fail.
+    def create(data: bytes) -> int:
+        request = urllib.request.Request(f"{gcs_emulator.host}/{bucket}/t/_delta_log/0.json", data=data, method="PUT",
+                                         headers={"x-goog-if-generation-match": "0"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                return answer.status
+        except urllib.error.HTTPError as refused:
+            return refused.code
+
+    assert (create(b"first"), create(b"second")) == (200, 412)
+    assert GcsStore(f"gs://{bucket}").read("t/_delta_log/0.json") == b"first"
