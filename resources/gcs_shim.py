@@ -2,7 +2,7 @@
 
 fake-gcs-server speaks Google's JSON API, which Google's Python client and Hadoop's GCS connector use. delta-rs
 (through Rust's `object_store`) speaks GCS's XML API, of which the emulator lacks uploads (`PUT` answers "400
-invalid uploadType"), copies and multipart uploads, and whose listing ignores `start-after`. The shim forwards
+invalid uploadType") and multipart uploads, and whose listing ignores `start-after`. The shim forwards
 JSON API calls unchanged and translates those XML API calls to their JSON API equivalents, preconditions
 (`x-goog-if-generation-match`) included, so that delta-rs's conditional commits are checked by the emulator itself.
 
@@ -144,11 +144,6 @@ class XmlApiShim(LoopbackProxy):
             with self._lock:
                 self._parts.pop(query["uploadId"], None)
             return 204, [], b""
-        if method == "PUT" and "x-goog-copy-source" in named:
-            source = unquote(named["x-goog-copy-source"]).lstrip("/").partition("/")[2]
-            return self._xml_answer(self.forward(
-                "POST", f"/storage/v1/b/{bucket}/o/{_q(source)}/copyTo/b/{bucket}/o/{_q(name)}"
-                + _precondition(match_generation), {"Content-Type": "application/json"}, b"{}"))
         if method == "PUT":
             return self._upload(bucket, name, body, match_generation)
         if method == "DELETE":
@@ -193,10 +188,6 @@ class XmlApiShim(LoopbackProxy):
 
 def _q(name: str) -> str:
     return quote(name, safe="")
-
-
-def _precondition(match_generation: str | None) -> str:
-    return "" if match_generation is None else f"?ifGenerationMatch={match_generation}"
 
 
 
