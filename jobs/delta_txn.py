@@ -31,6 +31,7 @@ from pyspark.sql import types as T
 
 from jobs.commit_log import ATTEMPT_KEY, committing_attempt, holds_batch
 from jobs.schema_evolution import conform
+from resources.delta_storage import storage_options
 
 _APP_ID = "spark.databricks.delta.write.txnAppId"
 _VERSION = "spark.databricks.delta.write.txnVersion"
@@ -63,19 +64,20 @@ def create_table_once(
     if path in _created and (("://" in path) or os.path.isdir(f"{path}/_delta_log")):
         return  # the common case: this process made or saw it, and it is still there
     try:
-        _complete_protocol(DeltaTable(path), schema)
+        _complete_protocol(_table(path), schema)
         _created.add(path)
         return
     except TableNotFoundError:
         pass
     try:
         table = DeltaTable.create(path, Schema.from_json(schema.json()), mode="error",
-                                  partition_by=list(partitioned_by) or None, configuration=properties)
+                                  partition_by=list(partitioned_by) or None, configuration=properties,
+                                  storage_options=storage_options(path))
     except Exception:
         # The winner of the race may still be writing its first commit when this create fails: give it a moment.
         for _ in range(CREATE_RACE_CHECKS):
             try:
-                table = DeltaTable(path)
+                table = _table(path)
                 break
             except TableNotFoundError:
                 time.sleep(0.5)
@@ -96,7 +98,7 @@ def _complete_protocol(table: DeltaTable, schema: T.StructType) -> None:
     try:
         table.alter.add_feature(TableFeatures.Invariants)
     except Exception:
-        if "invariants" not in (DeltaTable(table.table_uri).protocol().writer_features or ()):
+        if "invariants" not in (_table(table.table_uri).protocol().writer_features or ()):
             raise  # not a racing writer having added it first
 
 
@@ -174,11 +176,11 @@ def append_once(
         # Delta skips an append whose transaction it has seen without saying so: the commit says whose it is.
         return ATTEMPT_KEY not in metadata or committing_attempt(path, app_id, version) == metadata[ATTEMPT_KEY]
     written_for, adds = _write_files(df, path, begun)
-    table = DeltaTable(path) if read_version is None else DeltaTable(path, version=read_version)
+    table = _table(path, version=read_version)
     if holds_batch(path, app_id, version):
         return False  # committed meanwhile; the files just written stay unreferenced until VACUUM removes them
-    latest = DeltaTable(path) if read_version is not None else table
-    if latest.version() > written_for and _definition(DeltaTable(path, version=written_for)) != _definition(latest):
+    latest = _table(path) if read_version is not None else table
+    if latest.version() > written_for and _definition(_table(path, version=written_for)) != _definition(latest):
         # Written for a schema, constraints or protocol the table no longer has: Spark would refuse the commit too.
         raise CommitFailedError(f"{path}: the table was redefined after version {written_for}, which this append "
                                 "was written for")
@@ -243,6 +245,11 @@ def _write_files(df: DataFrame, path: str, begun: Future | None) -> tuple[int, l
     return transaction.snapshot().version(), adds
 
 
+def _table(path: str, version: int | None = None) -> DeltaTable:
+    """delta-rs's table at `path` (through this module's name for `DeltaTable`, which tests replace)."""
+    return DeltaTable(path, version=version, storage_options=storage_options(path))
+
+
 def _definition(table: DeltaTable) -> tuple:
     """What files written for a table depend on: its schema, partitioning, settings (constraints among them)
     and protocol."""
@@ -253,7 +260,7 @@ def _definition(table: DeltaTable) -> tuple:
 
 def latest_version(path: str) -> int:
     """The table's newest version (read from its log with delta-rs: no Spark job)."""
-    return DeltaTable(path).version()
+    return _table(path).version()
 
 
 def table_properties(retention_s: int, stats_columns: tuple[str, ...] = ()) -> dict[str, str]:

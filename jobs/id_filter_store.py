@@ -9,10 +9,10 @@ import threading
 from typing import ClassVar
 
 import numpy as np
-from deltalake import DeltaTable
 
 from jobs.id_filters import SCHEME, BucketFilter, FilterManifest, IdFilters, hash_test_vector, id_hashes
 from jobs.log_ids import ids_added_since
+from resources.delta_storage import delta_table
 from resources.object_store import ObjectStore
 
 log = logging.getLogger("onceflow")
@@ -43,7 +43,7 @@ class IdFilterStore:
 
     def load(self, floor_bucket: int | None) -> IdFilters:
         """The filters, caught up to the table's current version (rebuilt from the table when unusable)."""
-        table = DeltaTable(self.table_path)
+        table = delta_table(self.table_path)
         latest, table_id = table.version(), table.metadata().id
         filters = self._read(floor_bucket, table_id)
         if filters is None or filters.version > latest:
@@ -136,7 +136,7 @@ class IdFilterStore:
 
     def _filled(self, version: int, where: list | None) -> dict[int, BucketFilter]:
         """Filters filled from the table's rows at `version` (those matching `where`), sized with room to grow."""
-        ids = DeltaTable(self.table_path, version=version).to_pyarrow_table(
+        ids = delta_table(self.table_path, version=version).to_pyarrow_table(
             columns=["record_id", "time_bucket"], filters=where
         )
         buckets = ids["time_bucket"].to_numpy()

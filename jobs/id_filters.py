@@ -28,10 +28,10 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
 from pydantic import BaseModel
 
 from jobs.log_ids import recent_ids
+from resources.delta_storage import delta_table
 
 SCHEME = "siphash24-onceflow1/blocked64x5x2"
 """Names the hashing and layout; filters written under another scheme are rebuilt, never trusted."""
@@ -170,7 +170,7 @@ def committed_among(
     if isinstance(candidates, pa.ChunkedArray):
         candidates = candidates.combine_chunks()
     candidates = candidates.cast(pa.string())  # the type of the table's IDs as read back
-    table = DeltaTable(table_path, version=filters.version)
+    table = delta_table(table_path, version=filters.version)
     try:
         recent = pa.chunked_array([ids.cast(pa.string()) for ids in recent_ids(table, filters.version)], pa.string())
     except FileNotFoundError:

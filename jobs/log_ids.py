@@ -1,5 +1,5 @@
-"""Record IDs straight from a raw table's Delta log and data files (delta-rs and pyarrow, no Spark): the rows
-that commits added, for the ID filters to catch up and for their exact lookups.
+"""Record IDs straight from a raw table's Delta log and data files (delta-rs and pyarrow, no Spark, on local disk or
+GCS): the rows that commits added, for the ID filters to catch up and for their exact lookups.
 
 What one commit of one table added never changes, so the IDs read for it are kept per process (keyed by the
 table's id, which a table re-created at the same path does not share): consecutive batches look up the same
@@ -14,6 +14,8 @@ from urllib.parse import unquote
 import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
+
+from resources.delta_storage import delta_table, table_files
 
 RECENT_COMMITS = 8
 RECENT_ROWS = 1_000_000
@@ -43,7 +45,7 @@ def recent_ids(table: DeltaTable, version: int) -> list[pa.Array]:
 
 def remember_commit_ids(path: str, version: int, ids: pa.Array | pa.ChunkedArray) -> None:
     """Keep `ids` as the record IDs that commit `version` of the table at `path` added: its writer knows them."""
-    _keep((DeltaTable(path).metadata().id, version), ids)
+    _keep((delta_table(path).metadata().id, version), ids)
 
 
 def _ids_of_commit(table: DeltaTable, table_id: str, version: int, adds: list[dict]) -> pa.Array:
@@ -61,17 +63,17 @@ def _keep(key: tuple[str, int], ids: pa.Array | pa.ChunkedArray) -> None:
 
 def _data_adds(table: DeltaTable, version: int) -> list[dict]:
     """The files a commit added with new rows (OPTIMIZE rewrites rows already counted)."""
-    root = table.table_uri.removeprefix("file://")
-    with open(f"{root}/_delta_log/{version:020d}.json", encoding="utf-8") as entries:
-        adds = [json.loads(line).get("add") for line in entries]
+    files, root = table_files(table.table_uri)
+    with files.open_input_stream(f"{root}/_delta_log/{version:020d}.json") as entries:
+        adds = [json.loads(line).get("add") for line in entries.read().splitlines() if line.strip()]
     return [a for a in adds if a is not None and a.get("dataChange", True)]
 
 
 def _read_adds(table: DeltaTable, adds: list[dict]) -> pa.Table:
-    root = table.table_uri.removeprefix("file://")
+    files, root = table_files(table.table_uri)
     parts = []
     for add in adds:
-        part = pq.read_table(f"{root}/{unquote(add['path'])}", columns=["record_id"])
+        part = pq.read_table(f"{root}/{unquote(add['path'])}", columns=["record_id"], filesystem=files)
         bucket = int(add["partitionValues"]["time_bucket"])
         parts.append(part.append_column("time_bucket", pa.array([bucket] * len(part), pa.int64())))
     if not parts:

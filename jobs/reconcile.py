@@ -27,7 +27,6 @@ from datetime import datetime
 from decimal import Decimal
 
 import pyarrow as pa
-from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -42,6 +41,7 @@ from jobs.source_reader import SourceRuntime
 from jobs.validation import RecordContract
 from jobs.windows import pane_frame
 from resources.commit_store import DONE, CommitStore
+from resources.delta_storage import delta_table
 from resources.object_store import open_store
 
 UNASSIGNED = "unassigned"
@@ -177,7 +177,7 @@ def _window_key(output: WindowedOutput):
 
 def _exists(path: str) -> bool:
     try:
-        DeltaTable(path)
+        delta_table(path)
     except TableNotFoundError:
         return False
     return True
@@ -187,7 +187,7 @@ def _rows(path: str, columns: list[str]) -> list[tuple]:
     """Rows of a table read with delta-rs; timestamps as epoch milliseconds."""
     if not _exists(path):
         return []
-    table = DeltaTable(path).to_pyarrow_table(columns=columns)
+    table = delta_table(path).to_pyarrow_table(columns=columns)
     values = []
     for name in columns:
         column = table.column(name)
@@ -206,7 +206,7 @@ def _inserted_by_commits(path: str) -> int | None:
     if not _exists(path):
         return None
     total = 0
-    for commit in DeltaTable(path).history():
+    for commit in delta_table(path).history():
         metrics = commit.get("operationMetrics") or {}
         operation = commit.get("operation")
         if operation == "MERGE":
@@ -222,7 +222,7 @@ def _window_rows(windows_path: str) -> dict[str, list[str]]:
     """Each window's rows in the window table, as canonical sorted JSON (the form the file sink writes)."""
     if not _exists(windows_path):
         return {}
-    table = DeltaTable(windows_path).to_pyarrow_table().to_pylist()
+    table = delta_table(windows_path).to_pyarrow_table().to_pylist()
     rows: dict[str, list[str]] = {}
     for row in table:
         key = Window.at(int(row["window_start"].timestamp() * 1000), 60).key  # any size: a start is a start

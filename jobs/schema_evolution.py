@@ -24,13 +24,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
-from deltalake import DeltaTable, Field
+from deltalake import Field
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
 from jobs.declaration import DeclarationError, Pipeline, WindowedOutput
 from jobs.schema import quoted, type_ddl
+from resources.delta_storage import delta_table
 
 EVOLVE_TRIES = 5
 WAYS_OUT = (
@@ -57,7 +58,7 @@ class Mismatch:
 def table_schema(path: str, version: int | None = None) -> T.StructType | None:
     """The table's schema (at `version`, default the newest) read from its log; None when there is no table."""
     try:
-        table = DeltaTable(path, version=version)
+        table = delta_table(path, version=version)
     except TableNotFoundError:
         return None
     return T.StructType.fromJson(json.loads(table.schema().to_json()))
@@ -134,7 +135,7 @@ def _evolve(path: str, wanted: T.StructType, strict: bool, refuse: Callable[[lis
             _settled.add(key)
             return
         try:  # then look again: the next pass finds nothing to add
-            DeltaTable(path).alter.add_columns([Field.from_json(json.dumps(f.jsonValue())) for f in added])
+            delta_table(path).alter.add_columns([Field.from_json(json.dumps(f.jsonValue())) for f in added])
             log.info(f"{path}: added the nullable columns {', '.join(f.name for f in added)}")
         except CommitFailedError:
             pass  # another process changed the table first (adding the same columns, likely)

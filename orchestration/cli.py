@@ -16,9 +16,9 @@ from orchestration.engine_cli import add_commands as add_engine_commands
 from orchestration.engine_cli import add_engine_options, running_engine
 from orchestration.reset_cli import add_commands as add_reset_commands
 from orchestration.status import add_commands as add_status_commands
-from resources.delta_jars import ensure_delta_jars
+from resources.delta_jars import ensure_delta_jars, ensure_gcs_connector_jar
 from resources.processes import stop_process_group
-from resources.settings import load_settings
+from resources.settings import SettingsError, load_settings
 from resources.spark_functions import ensure_spark_functions_jar
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -27,6 +27,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 def cmd_setup(_: argparse.Namespace) -> int:
     for jar in ensure_delta_jars():
         print(f"delta jar: {jar}")
+    print(f"GCS connector (gs:// homes): {ensure_gcs_connector_jar()}")
     print(f"onceflow's Spark functions: {ensure_spark_functions_jar()}")
     return 0
 
@@ -34,6 +35,9 @@ def cmd_setup(_: argparse.Namespace) -> int:
 def dagster_home() -> Path:
     """`$DAGSTER_HOME`, default `<ONCEFLOW_HOME>/dagster`, with the project's `dagster.yaml` in it."""
     settings = load_settings()
+    if settings.dagster_home is None and settings.home_path.startswith("gs://"):
+        raise SettingsError("DAGSTER_HOME: set it to a local directory when ONCEFLOW_HOME is on gs:// (the Dagster "
+                            "instance does not live in the lake)")
     home = Path(settings.dagster_home or Path(settings.home_path) / "dagster")
     home.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(PROJECT_ROOT / "dagster.yaml", home / "dagster.yaml")
@@ -94,7 +98,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="onceflow", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("setup", help="fetch and cache the Delta jars").set_defaults(func=cmd_setup)
+    sub.add_parser("setup", help="fetch and cache the Delta jars and the GCS connector").set_defaults(func=cmd_setup)
     demo = sub.add_parser("demo", help="the end-to-end exactly-once demo")
     demo.add_argument("--spark", choices=("local", "cluster"), default="local",
                       help="cluster: its engine drives a two-worker standalone cluster started for it")

@@ -1,10 +1,10 @@
 """A whole onceflow installation on this machine, for the demo and the chaos harness: Google's Pub/Sub emulator,
-a warm Spark Connect engine (or, on the classic engine path, none: every run builds its own Spark session, whose
-appends delta-rs commits), optionally a Spark standalone cluster that engine or those sessions drive
-(`spark="cluster"`: a master and two workers; `local`, the default, keeps Spark in the driver), the BigQuery
-emulator (when it can be set up), a temporary Dagster instance with the project's `dagster.yaml` (or, with
-`dagster_storage="postgres"`, the production `deploy/dagster.prod.yaml` on a PostgreSQL server the stack starts),
-and a real `dagster-daemon` running the sensors and launching their runs.
+the lake on local disk or (`lake="gcs"`) on the GCS emulator, a warm Spark Connect engine (or, on the classic
+engine path, none: every run builds its own Spark session, whose appends delta-rs commits), optionally a Spark
+standalone cluster that engine or those sessions drive (`spark="cluster"`: a master and two workers; `local`, the
+default, keeps Spark in the driver), the BigQuery emulator (when it can be set up), a temporary Dagster instance
+with the project's `dagster.yaml` (or, with `dagster_storage="postgres"`, the production `deploy/dagster.prod.yaml`
+on a PostgreSQL server the stack starts), and a real `dagster-daemon` running the sensors and launching their runs.
 
 Everything binds to 127.0.0.1; everything is stopped (process groups, children included) when the block ends.
 The process environment is the stack's while the block runs, so code in the block (and every process it starts)
@@ -30,6 +30,7 @@ from jobs.source_reader import open_source
 from orchestration.pipelines import load_pipelines
 from orchestration.resources import resources_for
 from resources.bigquery_emulator import BigQueryEmulator, BigQueryEmulatorUnavailable, start_bigquery_emulator
+from resources.gcs_emulator import start_gcs_emulator
 from resources.lake import LakeResource
 from resources.postgres_server import PostgresServer, start_postgres
 from resources.processes import stop_process_group
@@ -52,12 +53,14 @@ class LocalStack:
     engines: list[SparkConnectServer]  # the engine it started, if any, as a list so a restart can replace it
     bigquery: BigQueryEmulator | None
     daemon: subprocess.Popen[bytes]
+    lake_home: str  # `ONCEFLOW_HOME`: `<workdir>/home`, or `gs://<bucket>/home` on the GCS emulator
     postgres: PostgresServer | None = None  # Dagster's storage, with dagster_storage="postgres"
     cluster: SparkCluster | None = None  # with spark="cluster": the engine's (or every run's) master
 
     @property
-    def home(self) -> Path:
-        return self.workdir / "home"
+    def home(self) -> Path | str:
+        """The stack's `ONCEFLOW_HOME`: a local directory, or the `gs://` URL of a lake on the GCS emulator."""
+        return self.lake_home if self.lake_home.startswith("gs://") else Path(self.lake_home)
 
     @property
     def engine_path(self) -> str:
@@ -66,7 +69,7 @@ class LocalStack:
 
     @property
     def lake(self) -> LakeResource:
-        return LakeResource(home=str(self.home))
+        return LakeResource(home=self.lake_home)
 
     def restart_engine(self) -> None:
         """Stop the Spark engine and start a new one on the same port: runs using it fail, and are retried."""
@@ -90,21 +93,25 @@ def local_stack(
     engine_path: str = "connect",
     spark: str = "local",
     dagster_storage: str = "sqlite",
+    lake: str = "local",
 ) -> Iterator[LocalStack]:
     """Start the stack with `settings` (`ONCEFLOW_*` variables) on top of a clean environment; see the module
     docstring. `spark_remote` is an engine to use instead of starting one (Connect path); `engine_path="classic"`
     starts none; `spark="cluster"` starts a standalone cluster as the master of the engine (Connect path) or of
     every run's session (classic path, `ONCEFLOW_SPARK_MASTER`); `dagster_storage` is `sqlite` or `postgres`;
-    `keep` keeps the working directory."""
+    `lake="gcs"` puts the whole home on the GCS emulator (`gs://<bucket>/home`, `STORAGE_EMULATOR_HOST` set for
+    every process); `keep` keeps the working directory."""
     if engine_path not in ("connect", "classic"):
         raise ValueError(f"engine_path={engine_path!r}: expected connect or classic")
     if spark not in ("local", "cluster"):
         raise ValueError(f"spark={spark!r}: expected local or cluster")
     if dagster_storage not in INSTANCE_CONFIGS:
         raise ValueError(f"dagster_storage={dagster_storage!r}: expected {' or '.join(INSTANCE_CONFIGS)}")
+    if lake not in ("local", "gcs"):
+        raise ValueError(f"lake={lake!r}: expected local or gcs")
     workdir = Path(tempfile.mkdtemp(prefix=prefix))
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("ONCEFLOW_", "SPARK_", "PUBSUB_", "BIGQUERY_", "DAGSTER_PG_"))}
+           if not k.startswith(("ONCEFLOW_", "SPARK_", "PUBSUB_", "BIGQUERY_", "DAGSTER_PG_", "STORAGE_EMULATOR_"))}
     env.update(settings, ONCEFLOW_HOME=str(workdir / "home"), DAGSTER_HOME=str(workdir / "dagster"))
     Path(env["DAGSTER_HOME"]).mkdir(parents=True)
     shutil.copyfile(INSTANCE_CONFIGS[dagster_storage], Path(env["DAGSTER_HOME"]) / "dagster.yaml")
@@ -115,6 +122,12 @@ def local_stack(
     # A SIGTERM (a CI timeout, `kill`) unwinds the block like an exception, so the servers are stopped too.
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
+        if lake == "gcs":
+            say("starting the GCS emulator: the whole home on gs://")
+            gcs = start_gcs_emulator()
+            stops.append(gcs.stop)
+            gcs.create_bucket("onceflow-lake")
+            os.environ.update(STORAGE_EMULATOR_HOST=gcs.host, ONCEFLOW_HOME="gs://onceflow-lake/home")
         postgres = None
         if dagster_storage == "postgres":
             say("starting PostgreSQL for Dagster's runs, events and schedules")
@@ -160,7 +173,8 @@ def local_stack(
                 cwd=PROJECT_ROOT, env=dict(os.environ), start_new_session=True, stdout=log, stderr=subprocess.STDOUT,
             )
         stops.append(lambda: stop_process_group(daemon, (signal.SIGTERM, signal.SIGKILL), timeout_s=20))
-        yield LocalStack(workdir, instance, pubsub, spark_remote, engines, bigquery, daemon, postgres, cluster)
+        yield LocalStack(workdir, instance, pubsub, spark_remote, engines, bigquery, daemon,
+                         os.environ["ONCEFLOW_HOME"], postgres, cluster)
     finally:
         for stop in reversed(stops):
             stop()

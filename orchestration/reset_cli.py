@@ -20,7 +20,6 @@ import json
 
 import dagster as dg
 from dagster._core.errors import DagsterHomeNotSetError
-from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 from deltalake.transaction import CommitProperties, Transaction
 
@@ -31,6 +30,7 @@ from orchestration.pipelines import load_pipelines
 from orchestration.resources import resources_for
 from orchestration.runs import in_flight
 from resources.checkpoint import EpochStore
+from resources.delta_storage import delta_table
 from resources.settings import load_settings
 
 RUNS_LOOKED_AT = 20
@@ -83,7 +83,7 @@ def fence(source: SourceRuntime, batch: int) -> None:
     writes nothing."""
     for path in (source.raw_path, source.dead_letter_path):
         try:
-            table = DeltaTable(path)
+            table = delta_table(path)
         except TableNotFoundError:
             continue  # no commit yet: the table is created by the new epoch, after the seal
         if (table.transaction_version(source.app_id) or 0) >= batch:

@@ -1,4 +1,4 @@
-"""Fetch and cache the Delta Lake jars that match the installed `delta-spark` package.
+"""Fetch and cache the Delta Lake jars that match the installed `delta-spark` package, and the GCS connector.
 
 The jars come from Maven Central once and are then reused from a local cache, so a Spark session never needs the
 network after set-up. Each download is checked against Maven's published SHA-1 and moved into place atomically.
@@ -20,6 +20,9 @@ from resources.settings import load_settings
 MAVEN_CENTRAL = "https://repo1.maven.org/maven2"
 SCALA_BINARY = "2.13"
 ARTIFACTS = (f"delta-spark_{SCALA_BINARY}", "delta-storage")
+# Spark's `gs://` file system (Hadoop's GCS connector), shaded so its Google client libraries cannot clash with
+# Spark's own: Delta tables, landing files and published files on a `gs://` home.
+GCS_CONNECTOR = ("com.google.cloud.bigdataoss", "gcs-connector", "4.0.4", "shaded")
 
 
 def delta_version() -> str:
@@ -41,13 +44,26 @@ def ensure_delta_jars(cache_dir: Path | None = None) -> list[Path]:
     for artifact in ARTIFACTS:
         jar = target / f"{artifact}-{delta_version()}.jar"
         if not jar.exists():
-            _download(artifact, jar)
+            _download(("io.delta", artifact, delta_version(), None), jar)
         jars.append(jar)
     return jars
 
 
-def _download(artifact: str, jar: Path) -> None:
-    url = f"{MAVEN_CENTRAL}/io/delta/{artifact}/{delta_version()}/{jar.name}"
+def ensure_gcs_connector_jar(cache_dir: Path | None = None) -> Path:
+    """The path of the GCS connector jar (`GCS_CONNECTOR`), downloaded if it is not cached yet."""
+    _, artifact, release, classifier = GCS_CONNECTOR
+    target = (cache_dir or jar_cache_dir()) / "gcs"
+    target.mkdir(parents=True, exist_ok=True)
+    jar = target / f"{artifact}-{release}-{classifier}.jar"
+    if not jar.exists():
+        _download(GCS_CONNECTOR, jar)
+    return jar
+
+
+def _download(coordinates: tuple[str, str, str, str | None], jar: Path) -> None:
+    """Download the Maven artifact `(group, artifact, version, classifier)` to `jar`."""
+    group, artifact, release, _ = coordinates
+    url = f"{MAVEN_CENTRAL}/{group.replace('.', '/')}/{artifact}/{release}/{jar.name}"
     fd, tmp_name = tempfile.mkstemp(dir=jar.parent, suffix=".part")
     os.close(fd)
     tmp = Path(tmp_name)
@@ -57,7 +73,7 @@ def _download(artifact: str, jar: Path) -> None:
             expected = urllib.request.urlopen(f"{url}.sha1", timeout=60).read().decode().split()[0]
         except OSError:
             # Some networks reach Maven Central only through Maven's own settings (mirrors, proxies).
-            _download_with_maven(artifact, tmp)
+            _download_with_maven(coordinates, tmp)
             expected = None
         if expected is not None:
             actual = hashlib.sha1(tmp.read_bytes()).hexdigest()
@@ -68,16 +84,11 @@ def _download(artifact: str, jar: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _download_with_maven(artifact: str, dest: Path) -> None:
+def _download_with_maven(coordinates: tuple[str, str, str, str | None], dest: Path) -> None:
+    group, artifact, release, classifier = coordinates
     if shutil.which("mvn") is None:
         raise RuntimeError(f"cannot download {artifact} from Maven Central and `mvn` is not installed")
+    spec = f"{group}:{artifact}:{release}:jar:{classifier}" if classifier else f"{group}:{artifact}:{release}"
     with tempfile.TemporaryDirectory() as out:
-        subprocess.run(
-            [
-                "mvn", "-q", "dependency:copy",
-                f"-Dartifact=io.delta:{artifact}:{delta_version()}",
-                f"-DoutputDirectory={out}",
-            ],
-            check=True,
-        )
-        shutil.move(str(Path(out) / f"{artifact}-{delta_version()}.jar"), dest)
+        subprocess.run(["mvn", "-q", "dependency:copy", f"-Dartifact={spec}", f"-DoutputDirectory={out}"], check=True)
+        shutil.move(str(next(Path(out).glob("*.jar"))), dest)

@@ -19,6 +19,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from resources.faults import POINTS
 
 PREFIX = "ONCEFLOW_"
+SUPPORTED_HOMES = "ONCEFLOW_HOME must be a local path or gs://bucket[/prefix] (Google Cloud Storage)"
 
 
 class SettingsError(ValueError):
@@ -38,7 +39,10 @@ class Settings(BaseSettings):
     deployment: Literal["local", "prod"] = Field(
         default="local", description="Which resources the code location gets (orchestration/resources.py)."
     )
-    home: str = Field(default=".onceflow", description="Root of the lake, landing files, checkpoints, commits.")
+    home: str = Field(
+        default=".onceflow",
+        description="Root of the lake, landing files, checkpoints, commits: a local path or gs://bucket/prefix.",
+    )
     pipelines: str | None = Field(default=None, description="`package.module` whose PIPELINES replace the built-ins.")
     jars_dir: str | None = Field(
         default=None, description="Jar cache: Delta's and onceflow's functions (default ~/.cache/onceflow/jars)."
@@ -70,6 +74,10 @@ class Settings(BaseSettings):
     )
     gcp_credentials: SecretStr | None = Field(
         default=None, description="prod: a base64 service-account key for BigQuery, where ADC is not available."
+    )
+    storage_emulator_host: str | None = Field(
+        default=None, validation_alias=AliasChoices("STORAGE_EMULATOR_HOST", "ONCEFLOW_STORAGE_EMULATOR_HOST"),
+        description="A GCS emulator's URL (http://host:port): every store of a gs:// home talks to it instead.",
     )
 
     max_messages: int = Field(default=10_000, gt=0)
@@ -121,6 +129,15 @@ class Settings(BaseSettings):
     @classmethod
     def _spark_jars(cls, value: object) -> object:
         return tuple(jar.strip() for jar in value.split(",") if jar.strip()) if isinstance(value, str) else value
+
+    @field_validator("home")
+    @classmethod
+    def _supported_home(cls, value: str) -> str:
+        # Every store must live where the home says: a scheme only some of them could reach would split it.
+        scheme = value.partition("://")[0] if "://" in value else ""
+        if scheme not in ("", "gs") or (scheme == "gs" and not value.removeprefix("gs://").strip("/")):
+            raise ValueError(f"unsupported home {value!r}: {SUPPORTED_HOMES}")
+        return value
 
     @property
     def home_path(self) -> str:

@@ -13,7 +13,9 @@ import dagster as dg
 from pydantic import Field
 from pyspark.sql import SparkSession
 
-from resources.delta_jars import ensure_delta_jars
+from resources.delta_jars import ensure_delta_jars, ensure_gcs_connector_jar
+from resources.gcs import hadoop_gcs_conf, spark_gcs_conf
+from resources.settings import load_settings
 from resources.spark_functions import ensure_spark_functions_jar
 
 # Tuning for a `local` master on a small machine; a cluster keeps Spark's defaults (and the user's settings).
@@ -51,15 +53,16 @@ DELTA_CONF = {
 
 
 def engine_jars(extra: Sequence[str] = ()) -> list[str]:
-    """The jars every onceflow Spark engine loads: Delta's and onceflow's own functions (cached after set-up), then
-    the user's `extra` ones (paths or URLs)."""
-    return [*map(str, ensure_delta_jars()), str(ensure_spark_functions_jar()), *extra]
+    """The jars every onceflow Spark engine loads: Delta's, the GCS connector (so any engine can serve a `gs://`
+    home) and onceflow's own functions (cached after set-up), then the user's `extra` ones (paths or URLs)."""
+    return [*map(str, [*ensure_delta_jars(), ensure_gcs_connector_jar(), ensure_spark_functions_jar()]), *extra]
 
 
 def engine_conf(master: str, conf: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The Spark settings of an engine on `master` (its jars apart): onceflow's, then the user's `conf` on top."""
+    """The Spark settings of an engine on `master` (its jars apart): onceflow's, the GCS connector's, then the
+    user's `conf` on top."""
     small = SMALL_MACHINE_CONF if master.startswith("local") else {}
-    return {**small, **ENGINE_CONF, **PARQUET_CONF, **DELTA_CONF, **(conf or {})}
+    return {**small, **ENGINE_CONF, **PARQUET_CONF, **DELTA_CONF, **spark_gcs_conf(), **(conf or {})}
 
 
 def build_spark_session(
@@ -84,7 +87,7 @@ def build_spark_session(
         except Exception:  # the cached session is of an engine that restarted since: start anew
             session = SparkSession.builder.remote(remote).create()
             session.conf.set("spark.sql.session.timeZone", "UTC")
-        return session
+        return with_gcs_settings(session)
     builder = SparkSession.builder.master(master).appName(app_name)
     settings = {
         "spark.ui.enabled": str(ui_enabled).lower(),
@@ -95,6 +98,17 @@ def build_spark_session(
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
+    return with_gcs_settings(session)
+
+
+def with_gcs_settings(session: SparkSession) -> SparkSession:
+    """On a `gs://` home, the session's Hadoop `fs.gs.*` settings for this process's settings (the emulator's URL
+    or none): an engine started before them (a warm server, a reused session) then reaches the same storage."""
+    settings = load_settings()
+    if settings.home_path.startswith("gs://"):
+        # Session settings reach the Hadoop configuration of every file system this session's queries open.
+        for key, value in hadoop_gcs_conf(settings.storage_emulator_host).items():
+            session.conf.set(key, value)
     return session
 
 

@@ -20,12 +20,13 @@ from google.cloud import bigquery
 from pyspark.sql import SparkSession
 
 from resources.bigquery_emulator import BigQueryEmulator, BigQueryEmulatorUnavailable, start_bigquery_emulator
+from resources.gcs_emulator import GcsEmulator, start_gcs_emulator
 from resources.pubsub_emulator import PubSubEmulator, start_pubsub_emulator
 from resources.spark import build_spark_session
 from resources.spark_cluster import SparkCluster, start_spark_cluster
 from resources.spark_connect import SparkConnectServer, start_spark_connect_server
 
-S = TypeVar("S", PubSubEmulator, SparkConnectServer, BigQueryEmulator)
+S = TypeVar("S", PubSubEmulator, SparkConnectServer, BigQueryEmulator, GcsEmulator)
 IN_CI = os.environ.get("CI", "").lower() == "true"
 ENGINE = os.environ.get("ONCEFLOW_TEST_ENGINE", "connect")
 if ENGINE not in ("connect", "classic"):
@@ -99,6 +100,13 @@ def pubsub_emulator() -> Iterator[PubSubEmulator]:
     require(shutil.which("gcloud") is not None, "the Google Cloud CLI's Pub/Sub emulator")
     emulator = start_pubsub_emulator()
     yield from running(emulator, "PUBSUB_EMULATOR_HOST", emulator.host)
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator() -> Iterator[GcsEmulator]:
+    """The GCS emulator (fake-gcs-server behind the XML API shim delta-rs needs), named by STORAGE_EMULATOR_HOST."""
+    emulator = start_gcs_emulator()
+    yield from running(emulator, "STORAGE_EMULATOR_HOST", emulator.host)
 
 
 @pytest.fixture(scope="session")

