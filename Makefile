@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export ONCEFLOW_HOME ?= $(CURDIR)/.onceflow
 
-.PHONY: setup demo test test-cluster chaos dev bench lint clean
+.PHONY: setup demo demo-cluster test test-cluster chaos dev bench lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,19 +19,26 @@ setup: $(STAMP)
 demo: setup
 	$(BIN)/onceflow demo
 
+# The demo on the cluster-gcs profile: a two-worker standalone cluster, the lake on the GCS emulator, Dagster on PostgreSQL.
+demo-cluster: setup
+	$(BIN)/onceflow demo --profile cluster-gcs
+
 test: setup
 	$(BIN)/ruff check .
 	command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) || echo "no chromium: tests/test_ui.py skips (fails under CI=true)"
-	$(BIN)/pytest
-	ONCEFLOW_TEST_ENGINE=classic $(BIN)/pytest -m engine_paths
+	$(BIN)/pytest -m "not cluster"
+	ONCEFLOW_TEST_ENGINE=classic $(BIN)/pytest -m "engine_paths and not cluster"
 
-# The end-to-end path on a Spark standalone cluster (a master and two workers on 127.0.0.1), both engine paths.
+# The cluster-gcs profile (DESIGN 11): the end-to-end path on a Spark standalone cluster (a master and two workers
+# on 127.0.0.1) on both engine paths, the daemon on PostgreSQL, and the chaos short run on the cluster with the lake
+# on the GCS emulator. CI runs it after `make test`.
 test-cluster: setup
 	$(BIN)/pytest -m cluster
 
-# CHAOS_ITERATIONS faults (30) under a continuous workload, on each of CHAOS_ENGINES (both engine paths); CHAOS_SEED replays a run.
+# CHAOS_ITERATIONS faults (30) under a continuous workload, on each of CHAOS_ENGINES (both engine paths), on the
+# CHAOS_PROFILE deployment profile (local, or cluster-gcs); CHAOS_SEED replays a run.
 chaos: setup
-	for engine in $${CHAOS_ENGINES:-connect classic}; do $(BIN)/python -m tests.chaos.harness --engine $$engine --iterations $${CHAOS_ITERATIONS:-30} $${CHAOS_SEED:+--seed $$CHAOS_SEED} || exit 1; done
+	for engine in $${CHAOS_ENGINES:-connect classic}; do $(BIN)/python -m tests.chaos.harness --engine $$engine --profile $${CHAOS_PROFILE:-local} --iterations $${CHAOS_ITERATIONS:-30} $${CHAOS_SEED:+--seed $$CHAOS_SEED} || exit 1; done
 
 # A warm Spark engine on ONCEFLOW_SPARK_MASTER; DEV_ARGS="--master spark://host:7077" (or --cluster, --no-engine).
 dev: setup

@@ -92,7 +92,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from orchestration.demo import run_demo
 
-    return run_demo(args.spark)
+    return run_demo(args.profile)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,8 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("setup", help="fetch and cache the Delta jars and the GCS connector").set_defaults(func=cmd_setup)
     demo = sub.add_parser("demo", help="the end-to-end exactly-once demo")
-    demo.add_argument("--spark", choices=("local", "cluster"), default="local",
-                      help="cluster: its engine drives a two-worker standalone cluster started for it")
+    demo.add_argument("--profile", choices=("local", "cluster-gcs"), default="local",
+                      help="cluster-gcs: a two-worker standalone cluster, the lake on the GCS emulator, Dagster on "
+                           "PostgreSQL, all started for it")
     demo.set_defaults(func=cmd_demo)
     dev = sub.add_parser("dev", help="Dagster UI and daemon with the persistent instance")
     dev.add_argument("--host", default="127.0.0.1")

@@ -60,17 +60,18 @@ def run_streaming(
     timeout_s: float = 600.0,
     keep: bool = False,
     spark_remote: str | None = None,
-    spark: str = "local",
+    profile: str = "local",
 ) -> StreamingResult:
     """The demo scenario; see the module docstring. Returns its outcome instead of an exit status.
 
-    `spark_remote` is a running Spark Connect server to use instead of starting one; `spark="cluster"` runs the
-    engine on a standalone cluster (`local_stack`); `keep` keeps the onceflow home (`StreamingResult.home`) for
+    `spark_remote` is a running Spark Connect server to use instead of starting one; `profile` is a deployment
+    profile (`local_stack.PROFILES`: `cluster-gcs` runs on a standalone cluster, the lake on the GCS emulator and
+    Dagster on PostgreSQL); `keep` keeps the onceflow home (`StreamingResult.home`) for
     inspection.
     """
     from jobs.reconcile import render
     from jobs.source_reader import open_source, source_watermark_ms
-    from orchestration.local_stack import local_stack
+    from orchestration.local_stack import PROFILES, local_stack
     from orchestration.pipelines import load_pipelines
     from orchestration.resources import resources_for
     from orchestration.status import reconcile_pipeline
@@ -80,7 +81,7 @@ def run_streaming(
     from resources.settings import load_settings
     from resources.spark import build_spark_session
 
-    with local_stack(DEMO_SETTINGS, "onceflow-demo-", spark_remote, keep, say, spark=spark) as stack:
+    with local_stack(DEMO_SETTINGS, "onceflow-demo-", spark_remote, keep, say, **PROFILES[profile]) as stack:
         instance = stack.instance
         settings = load_settings()
         pipeline = next(p for p in load_pipelines(settings) if p.name == "events")
@@ -253,9 +254,9 @@ def _record_latencies(latencies: dict[str, float]) -> None:
                                         "settings": DEMO_SETTINGS, "latencies_s": latencies}, indent=2))
 
 
-def run_demo(spark: str = "local") -> int:
+def run_demo(profile: str = "local") -> int:
     try:
-        result = run_streaming(spark=spark)
+        result = run_streaming(profile=profile)
     except (TimeoutError, RuntimeError) as error:
         say(f"FAILED: {error}")
         return 1

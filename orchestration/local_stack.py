@@ -41,6 +41,11 @@ from resources.spark_cluster import SparkCluster, start_spark_cluster
 from resources.spark_connect import SparkConnectServer, start_engine
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# Deployment profiles (DESIGN §11): the Spark, the lake and Dagster's storage a stack runs on.
+PROFILES: dict[str, dict[str, str]] = {
+    "local": {"spark": "local", "lake": "local", "dagster_storage": "sqlite"},
+    "cluster-gcs": {"spark": "cluster", "lake": "gcs", "dagster_storage": "postgres"},
+}
 INSTANCE_CONFIGS = {"sqlite": PROJECT_ROOT / "dagster.yaml", "postgres": PROJECT_ROOT / "deploy" / "dagster.prod.yaml"}
 
 
@@ -145,6 +150,8 @@ def local_stack(
             stops.append(cluster.stop)
             # Every driver (the engine, or each run's session) binds to loopback, as the cluster does.
             os.environ.update(ONCEFLOW_SPARK_MASTER=cluster.master_url, SPARK_LOCAL_IP="127.0.0.1")
+            if engine_path == "classic":  # every run is an application of its own: one core each, two side by side
+                os.environ.setdefault("ONCEFLOW_SPARK_CONF", '{"spark.cores.max": "1"}')
         engines: list[SparkConnectServer] = []
         if engine_path == "classic":
             spark_remote = None

@@ -58,6 +58,7 @@ def in_flight(stack: LocalStack) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.cluster
 @pytest.mark.timeout(900)
 def test_the_daemon_runs_the_micro_batches_on_postgres(spark_connect: SparkConnectServer) -> None:
     require(shutil.which("gcloud") is not None, "the Google Cloud CLI's Pub/Sub emulator")

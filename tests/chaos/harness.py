@@ -7,11 +7,13 @@ are over and everything has settled, the end state is read with independent read
 sent: raw and dead letters with delta-rs against the publishers' own records, every window against its pinned
 input and its published files (`onceflow verify`'s reconciliation), BigQuery against the window table.
 
-    python -m tests.chaos.harness --iterations 30 [--seed N] [--engine connect|classic]   # what `make chaos` runs
+    python -m tests.chaos.harness --iterations 30 [--seed N] [--engine connect|classic] [--profile local|cluster-gcs]
 
 prints one summary line (the engine path it proved, faults by kind, records published, `lost 0, duplicated 0`,
 the seed); a failing seed replays with `--seed`. `--engine classic` runs every run on its own local Spark session
-(Delta's writer writes, delta-rs commits) instead of as a client of one warm Spark Connect engine.
+(Delta's writer writes, delta-rs commits) instead of as a client of one warm Spark Connect engine. `--profile
+cluster-gcs` runs it all on a standalone Spark cluster, with the whole home on the GCS emulator and Dagster on
+PostgreSQL (`orchestration.local_stack.PROFILES`).
 """
 
 from __future__ import annotations
@@ -26,19 +28,19 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import dagster as dg
-from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from jobs.commit_steps import sequence_id
 from jobs.declaration import BigQuerySink
 from jobs.panes import CloseStore, Window
 from jobs.reconcile import canonical_row, render
-from orchestration.local_stack import LocalStack, local_stack
+from orchestration.local_stack import PROFILES, LocalStack, local_stack
 from orchestration.pipelines import load_pipelines
 from orchestration.resources import resources_for
 from orchestration.status import reconcile_pipeline
 from orchestration.workload import Publisher
 from resources.commit_store import DONE, CommitStore
+from resources.delta_storage import delta_table
 from resources.settings import load_settings
 from resources.spark import build_spark_session
 from tests.chaos.faults import FaultInjector
@@ -67,6 +69,7 @@ CLASSIC_SETTINGS = {
 class ChaosReport:
     seed: int
     engine_path: str
+    profile: str
     faults: Counter[str]
     published: int = 0
     records: int = 0
@@ -82,19 +85,21 @@ class ChaosReport:
 
     def summary(self) -> str:
         kinds = ", ".join(f"{k} {n}" for k, n in sorted(self.faults.items())) or "none"
-        return (f"chaos seed {self.seed} on the {self.engine_path} engine path: {sum(self.faults.values())} faults ({kinds}); {self.published} messages "
+        return (f"chaos seed {self.seed} on the {self.engine_path} engine path, {self.profile} profile: {sum(self.faults.values())} faults ({kinds}); {self.published} messages "
                 f"published ({self.records} records, {self.malformed} malformed) over 2 pipelines; "
                 f"lost {len(self.lost)}, duplicated {len(self.duplicated)}; {len(self.problems)} other problems; "
                 f"{self.elapsed_s:.0f}s")
 
 
 def run_chaos(
-    iterations: int, seed: int, publish_s: float = 60.0, settle_s: float = 600.0, engine_path: str = "connect"
+    iterations: int, seed: int, publish_s: float = 60.0, settle_s: float = 600.0, engine_path: str = "connect",
+    profile: str = "local",
 ) -> ChaosReport:
     started = time.monotonic()
     # The working directory (instance, lake, logs) is kept for inspection; removed when the run held.
     settings = SETTINGS | (CLASSIC_SETTINGS if engine_path == "classic" else {})
-    with local_stack(settings, "onceflow-chaos-", keep=True, say=_say, engine_path=engine_path) as stack:
+    with local_stack(settings, "onceflow-chaos-", keep=True, say=_say, engine_path=engine_path,
+                     **PROFILES[profile]) as stack:
         workdir = stack.workdir
         settings = load_settings()
         pipelines = load_pipelines(settings)
@@ -115,7 +120,7 @@ def run_chaos(
         for thread in (events, orders, faults):
             if thread.error is not None:
                 raise thread.error
-        report = ChaosReport(seed, stack.engine_path, faults.log.injected, events.expected.messages + orders.sent.messages)
+        report = ChaosReport(seed, stack.engine_path, profile, faults.log.injected, events.expected.messages + orders.sent.messages)
         for note in faults.log.notes:
             print(f"  {note}", flush=True)
         _account(stack, pipelines, report, {
@@ -222,7 +227,7 @@ def _bigquery_differences(stack: LocalStack, pipeline) -> list[str]:
             continue
         table = f"{client.project}.{sink.dataset}.{sink.table}"
         published = sorted(canonical_row(dict(row.items())) for row in client.query_and_wait(f"SELECT * FROM `{table}`"))
-        held = sorted(canonical_row(r) for r in DeltaTable(stack.lake.table_path(output.table)).to_pyarrow_table().to_pylist())
+        held = sorted(canonical_row(r) for r in delta_table(stack.lake.table_path(output.table)).to_pyarrow_table().to_pylist())
         if published != held:
             problems.append(f"{table}: BigQuery holds {len(published)} rows, the window table {len(held)}, or they differ")
     return problems
@@ -238,10 +243,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--publish-s", type=float, default=None)
     parser.add_argument("--engine", choices=("connect", "classic"), default="connect")
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="local")
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10**6)
     report = run_chaos(args.iterations, seed, publish_s=args.publish_s or max(60.0, 8.0 * args.iterations),
-                       engine_path=args.engine)
+                       engine_path=args.engine, profile=args.profile)
     for problem in report.problems[:20]:
         print(f"  problem: {problem}")
     print(report.summary(), flush=True)

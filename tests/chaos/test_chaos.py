@@ -1,6 +1,7 @@
-"""The chaos harness's short run, part of `make test` on the engine path of the suite's pass (Connect):
-`CHAOS_ITERATIONS` (default 5) overlapping faults under a continuous workload, then lost 0, duplicated 0 and every
-window reconciled. `make chaos` runs 30 on each path; the classic path's short run is not in `make test` yet
+"""The chaos harness's short run, part of `make test` on the engine path of the suite's pass (Connect), and of
+`make test-cluster` on the `cluster-gcs` profile (a standalone cluster, the lake on the GCS emulator, Dagster on
+PostgreSQL): `CHAOS_ITERATIONS` (default 5) overlapping faults under a continuous workload, then lost 0,
+duplicated 0 and every window reconciled. `make chaos` runs 30 on each path; the classic path's short run is not in `make test` yet
 (every classic run starts a JVM of its own, and on two loaded cores its runs did not settle in time).
 
 The harness runs in a process of its own: its account reads with a Spark session of the path it proves, and a
@@ -25,6 +26,17 @@ from tests.conftest import require
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_exactly_once_under_overlapping_faults(engine_path: str) -> None:
+    _short_run(engine_path, "local")
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
+@pytest.mark.timeout(2400)
+def test_exactly_once_under_overlapping_faults_on_the_cluster_profile() -> None:
+    _short_run("connect", "cluster-gcs")
+
+
+def _short_run(engine_path: str, profile: str) -> None:
     require(shutil.which("java") is not None, "Java 17")
     require(shutil.which("gcloud") is not None, "the Google Cloud CLI's Pub/Sub emulator")
     seed = int(os.environ.get("CHAOS_SEED") or random.SystemRandom().randrange(10**6))
@@ -33,13 +45,13 @@ def test_exactly_once_under_overlapping_faults(engine_path: str) -> None:
                                                             "SPARK_CONNECT_MODE_ENABLED")}
     run = subprocess.run(
         [sys.executable, "-m", "tests.chaos.harness", "--iterations", iterations, "--seed", str(seed),
-         "--publish-s", "40", "--engine", engine_path],
-        cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=1750,
+         "--publish-s", "40", "--engine", engine_path, "--profile", profile],
+        cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=2300,
     )
     print(run.stdout[-6000:])
     summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else ""
     assert run.returncode == 0, f"{summary}\n{run.stdout[-4000:]}\n{run.stderr[-3000:]}"
-    found = re.search(rf"chaos seed {seed} on the {engine_path} engine path: (\d+) faults .* \((\d+) records, "
-                      r"\d+ malformed\).* lost 0, duplicated 0; 0 other problems", summary)
+    found = re.search(rf"chaos seed {seed} on the {engine_path} engine path, {profile} profile: (\d+) faults .* "
+                      r"\((\d+) records, \d+ malformed\).* lost 0, duplicated 0; 0 other problems", summary)
     assert found, summary
     assert int(found.group(1)) >= 1 and int(found.group(2)) > 0, summary
