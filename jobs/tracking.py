@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from jobs.declaration import PubSubSource
-from resources.pubsub import PubSubClient, PulledMessage
+from resources.pubsub import DRAINED_PULL_TIMEOUT_S, PubSubClient, PulledMessage
 from resources.pubsub_pull import PullBounds
 
 # The same rule as ingest: up to 15 digits is epoch milliseconds, anything else must be an RFC 3339 timestamp.
@@ -101,7 +101,7 @@ class TrackingDrainer:
         timestamp_attribute: str | None,
         *,
         streams: int = 1,
-        pull_timeout_s: float = 1.0,
+        pull_timeout_s: float = DRAINED_PULL_TIMEOUT_S,
     ) -> None:
         self.client = client
         self.subscription = subscription

@@ -6,7 +6,8 @@ streaming pull would not (but Google's emulator serves it slowly, DESIGN 9). `pu
 requests in flight count against the bound; bytes are reserved at the average size seen so far), and keeps
 messages in arrival order until a bound is reached. What a pull brings beyond the bound is handed back to the
 caller as `overflow`, to be returned to the subscription (ack deadline 0) for the next batch: nothing is dropped,
-nothing is kept twice.
+nothing is kept twice. A subscription counts as drained only when a pull sent after an empty answer comes back
+empty too: a server starved of CPU answers a pull empty now and then while messages wait.
 """
 
 from __future__ import annotations
@@ -62,16 +63,18 @@ class _Budget(Generic[M]):
         self.lock = threading.Lock()
         self.bytes = self.reserved = self.reserved_bytes = 0
         self.full = self.short = False
+        self.empty_at: float | None = None  # when the first empty answer since the last messages came
         self.deadline = None if bounds.max_seconds is None else time.monotonic() + bounds.max_seconds
         self.first = threading.Event()  # set once one pull has answered: its sizes bound the others' requests
 
-    def take(self) -> tuple[int, int]:
+    def take(self) -> tuple[int, int, float]:
         """How many messages the next request may ask for and the bytes reserved for them (both held until
-        `settle`); 0 messages to stop."""
+        `settle`), and when it is sent; 0 messages to stop."""
         b = self.bounds
         with self.lock:
-            if self.full or self.outcome.drained or (self.deadline is not None and time.monotonic() >= self.deadline):
-                return 0, 0
+            now = time.monotonic()
+            if self.full or self.outcome.drained or (self.deadline is not None and now >= self.deadline):
+                return 0, 0, now
             wanted, reserve = MAX_PULL, 0
             if b.max_messages is not None:
                 wanted = min(wanted, b.max_messages - len(self.outcome.kept) - self.reserved)
@@ -80,19 +83,23 @@ class _Budget(Generic[M]):
                 wanted = min(wanted, math.ceil((b.max_bytes - self.bytes - self.reserved_bytes) / average))
                 reserve = max(0, wanted) * average
             if wanted <= 0:
-                return 0, 0
+                return 0, 0, now
             self.reserved += wanted
             self.reserved_bytes += reserve
-            return wanted, reserve
+            return wanted, reserve, now
 
-    def settle(self, wanted: int, reserve: int, pulled: list[M]) -> list[M]:
+    def settle(self, wanted: int, reserve: int, sent_at: float, pulled: list[M]) -> list[M]:
         """Keep what fits of one pull's answer; the rest is overflow (also returned, to be handed back)."""
         b = self.bounds
         with self.lock:
             self.reserved -= wanted
             self.reserved_bytes -= reserve
-            if not pulled:
+            if pulled:
+                self.empty_at = None
+            elif self.empty_at is not None and sent_at >= self.empty_at:
                 self.outcome.drained = True
+            elif self.empty_at is None:
+                self.empty_at = time.monotonic()
             self.short = self.short or len(pulled) < wanted
             fits = 0
             for message in pulled:
@@ -136,7 +143,8 @@ def pull_concurrently(
                 try:
                     pulled = pull(taken[0], budget.short)
                 except BaseException:
-                    budget.settle(*taken, [])  # stops the other streams too
+                    budget.outcome.drained = True  # stops the other streams too
+                    budget.settle(*taken, [])
                     raise
                 rest = budget.settle(*taken, pulled)
                 if rest:
