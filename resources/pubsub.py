@@ -20,13 +20,15 @@ from google.cloud import pubsub_v1
 from google.pubsub_v1.services.publisher.transports import PublisherGrpcTransport
 from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
 
-from resources.pubsub_pull import PullBounds, pull_concurrently
+from resources.pubsub_pull import CONFIRMING, FLOWING, SHORT, PullBounds, pull_concurrently
 
 # The emulator answers an empty pull about 1 s before the client timeout; a short timeout keeps polling quick.
 # Once a pull came back short, later ones wait less, but not under 1.5 s: a pull among several in flight on a busy
 # machine can take a second, and one cut off by its timeout strands what it was given until the ack deadline.
+# The pull that confirms an empty answer waits 1 s: the emulator answers it at once.
 EMPTY_PULL_TIMEOUT_S = 2.0
 DRAINED_PULL_TIMEOUT_S = 1.5
+CONFIRM_PULL_TIMEOUT_S = 1.0
 ACK_CHUNK = 1000  # ack ids per acknowledge / modify-ack-deadline request
 
 
@@ -134,8 +136,10 @@ class PubSubClient:
         (`resources.pubsub_pull`); what came beyond the bounds goes straight back to the subscription. Each pull
         waits up to `timeout_s`, or less once one came back short."""
 
-        def pull(wanted: int, drained_soon: bool) -> list[PulledMessage]:
-            return self.pull(subscription, wanted, min(timeout_s, DRAINED_PULL_TIMEOUT_S) if drained_soon else timeout_s)
+        timeouts = {FLOWING: timeout_s, SHORT: min(timeout_s, DRAINED_PULL_TIMEOUT_S), CONFIRMING: CONFIRM_PULL_TIMEOUT_S}
+
+        def pull(wanted: int, stage: int) -> list[PulledMessage]:
+            return self.pull(subscription, wanted, timeouts[stage])
 
         def give_back(messages: list[PulledMessage]) -> None:
             self.modify_ack_deadline(subscription, [m.ack_id for m in messages], 0)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 MAX_PULL = 1000
+FLOWING, SHORT, CONFIRMING = 0, 1, 2
 
 
 class Sized(Protocol):
@@ -66,6 +67,10 @@ class _Budget(Generic[M]):
         self.empty_at: float | None = None  # when the first empty answer since the last messages came
         self.deadline = None if bounds.max_seconds is None else time.monotonic() + bounds.max_seconds
         self.first = threading.Event()  # set once one pull has answered: its sizes bound the others' requests
+
+    def stage(self) -> int:
+        """How near the end of the subscription the pulls are (`FLOWING`, `SHORT`, `CONFIRMING`)."""
+        return CONFIRMING if self.empty_at is not None else SHORT if self.short else FLOWING
 
     def take(self) -> tuple[int, int, float]:
         """How many messages the next request may ask for and the bytes reserved for them (both held until
@@ -120,15 +125,16 @@ class _Budget(Generic[M]):
 
 
 def pull_concurrently(
-    pull: Callable[[int, bool], list[M]],
+    pull: Callable[[int, int], list[M]],
     bounds: PullBounds,
     kept: Callable[[list[M]], None] = lambda _: None,
     overflow: Callable[[list[M]], None] = lambda _: None,
 ) -> PullOutcome[M]:
     """Pull with `bounds.streams` requests in flight until a bound is reached or a pull comes back empty.
 
-    `pull(n, drained_soon)` makes one synchronous pull of up to `n` messages (an empty list when none came);
-    `drained_soon` is true once a pull came back short, so the pull that confirms the drain need not wait long.
+    `pull(n, stage)` makes one synchronous pull of up to `n` messages (an empty list when none came); `stage` is
+    `FLOWING`, `SHORT` once a pull came back short, `CONFIRMING` once one came back empty, so that the pulls near
+    the end of a drain need not wait long.
     `kept` is told of messages as they are kept (under the budget's lock: e.g. to put them under lease at once),
     `overflow` of those pulled beyond the bounds, from the stream that pulled them.
     """
@@ -141,7 +147,7 @@ def pull_concurrently(
         try:
             while (taken := budget.take())[0]:
                 try:
-                    pulled = pull(taken[0], budget.short)
+                    pulled = pull(taken[0], budget.stage())
                 except BaseException:
                     budget.outcome.drained = True  # stops the other streams too
                     budget.settle(*taken, [])
