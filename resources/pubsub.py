@@ -1,8 +1,9 @@
 """Google Cloud Pub/Sub, through the official client with synchronous pulls (several in flight at once).
 
 `PubSubClient` pulls a batch bounded in messages, bytes and time while a background lease keeps every held
-message's ack deadline extended, and acks only when told to: the caller persists the batch first. With `PUBSUB_EMULATOR_HOST` set the client
-talks to the emulator; otherwise to Google Cloud with Application Default Credentials.
+message's ack deadline extended, and acks only when told to: the caller persists the batch first. With
+`PUBSUB_EMULATOR_HOST` set the client talks to the emulator; otherwise to Google Cloud with Application Default
+Credentials.
 """
 
 from __future__ import annotations
@@ -135,7 +136,6 @@ class PubSubClient:
         """Pull with `bounds.streams` requests in flight until a bound is reached or the subscription is drained
         (`resources.pubsub_pull`); what came beyond the bounds goes straight back to the subscription. Each pull
         waits up to `timeout_s`, or less once one came back short."""
-
         timeouts = {FLOWING: timeout_s, SHORT: min(timeout_s, DRAINED_PULL_TIMEOUT_S), CONFIRMING: CONFIRM_PULL_TIMEOUT_S}
 
         def pull(wanted: int, stage: int) -> list[PulledMessage]:
