@@ -3,6 +3,7 @@ back with delta-rs)."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator
@@ -11,10 +12,12 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from jobs.declaration import DeclarationError, PubSubSource
 from jobs.source_reader import SourceRuntime
 from orchestration.workload import expected_raw, make_events, publish_events, with_publisher_retries
 from resources.pubsub import PubSubClient, PulledMessage
 from resources.pubsub_emulator import PubSubEmulator
+from resources.settings import SettingsError, load_settings
 from tests.delta_reader import read_rows
 from tests.pipelines import TOPIC, dagster_micro_batch, drain, events_pipeline, new_project, setup
 
@@ -110,3 +113,20 @@ def test_parallel_pulls_with_redeliveries_land_exactly_once(
     assert all(r.balances() for r in results) and max(r.received for r in results) <= 300
     time.sleep(4)
     assert client.pull(pipeline.source.subscription, 1000) == []
+
+
+def test_byte_bound_and_pull_streams_are_validated_and_filled_from_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ONCEFLOW_MAX_BYTES", "0")
+    monkeypatch.setenv("ONCEFLOW_PULL_STREAMS", "65")
+    with pytest.raises(SettingsError) as raised:
+        load_settings()
+    assert "ONCEFLOW_MAX_BYTES='0'" in str(raised.value) and "ONCEFLOW_PULL_STREAMS='65'" in str(raised.value)
+    monkeypatch.setenv("ONCEFLOW_MAX_BYTES", "4096")
+    monkeypatch.setenv("ONCEFLOW_PULL_STREAMS", "3")
+    source = events_pipeline().source
+    assert isinstance(source, PubSubSource) and (source.max_bytes, source.pull_streams) == (4096, 3)
+    declared = events_pipeline()
+    with pytest.raises(DeclarationError, match=r"source\.max_bytes: -1 must be positive"):
+        dataclasses.replace(declared, source=dataclasses.replace(source, max_bytes=-1))
+    with pytest.raises(DeclarationError, match=r"source\.pull_streams: 0 is outside 1\.\.64"):
+        dataclasses.replace(declared, source=dataclasses.replace(source, pull_streams=0))
