@@ -78,7 +78,7 @@ def round_ratios(summary: dict[str, dict[str, Any]], contender: str, other: str)
 
 def build(
     config: Config, datasets: list[dict[str, Any]], table_growth: dict[str, Any] | None,
-    latency: dict[str, Any] | None,
+    latency: dict[str, Any] | None, landing: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The JSON-ready report (without `machine`, `spark` and timestamps, which `bench.run` adds)."""
     return {
@@ -87,6 +87,7 @@ def build(
         "datasets": {d["dataset"]: dataset(config, d) for d in datasets},
         "table_growth": table_growth,
         "latency": latency,
+        "landing": landing,
     }
 
 
@@ -172,9 +173,9 @@ def fmt(value: float | None, unit: str = "") -> str:
 
 
 def extras(result: dict[str, Any]) -> list[str]:
-    """Printed lines for `table_growth` and `latency`, when they ran."""
+    """Printed lines for `table_growth`, `latency` and `landing`, when they ran."""
     lines = []
-    growth, latency = result.get("table_growth"), result.get("latency")
+    growth, latency, landing = result.get("table_growth"), result.get("latency"), result.get("landing")
     if growth:
         for rows, size in growth["sizes"].items():
             lines.append(f"table_growth {int(rows):>12,} rows: median batch {size['with_batch_s']:.2f} s with the "
@@ -188,6 +189,11 @@ def extras(result: dict[str, Any]) -> list[str]:
                      f"p90 {fmt(latency['publish_to_raw_p90_s'], ' s')}; drain "
                      f"{latency['landed_records_per_s']:,.0f} records/s; tick -> commit: "
                      f"{fmt(latency['tick_to_commit_median_s'], ' s')} ({latency.get('tick_to_commit_note', '')})")
+    if landing:
+        lines.append(f"landing publish -> landed: {landing['records_per_s']:,.0f} records/s with "
+                     f"{landing['config']['pull_streams']} pulls in flight, {landing['single_pull_records_per_s']:,.0f} "
+                     f"with one (x{landing['parallel_over_single_pull']:.2f}); x{landing['parallel_over_baseline']:.2f} "
+                     f"the {landing['baseline_2026_11_24_records_per_s']:,.0f} records/s of 2026-11-24")
     return lines
 
 

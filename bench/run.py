@@ -18,7 +18,8 @@ commit and the checkpoint update, and the duplicates the table then holds are co
 is compared with onceflow exactly-once's valid rows (`bench.same_rows`; not timed); the peak resident memory of
 the driver during each run is sampled (`bench.memory`).
 
-Then `table_growth` (`--growth-*`) and `latency` (`--latency-*`): `bench/table_growth.py`, `bench/latency.py`.
+Then `table_growth` (`--growth-*`), `latency` (`--latency-*`) and `landing` (`--landing-*`): `bench/table_growth.py`,
+`bench/latency.py`, `bench/landing.py` (`--only landing` runs the Pub/Sub landing figure alone).
 Writes `bench/results/latest.json` and the chart `bench/results/latest.png` (see `bench/report.py`).
 """
 
@@ -44,6 +45,9 @@ from pyspark.sql import SparkSession
 from bench import chart, ingest_throughput, peer, report
 from bench.datasets import CLEAN, BenchmarkError, Dataset, Source
 from bench.ingest_throughput import Config
+from bench.landing import EVENTS as LANDING_EVENTS
+from bench.landing import ROUNDS as LANDING_ROUNDS
+from bench.landing import landing
 from bench.latency import BURST_EVENTS, BURSTS, DRAIN_EVENTS, latency
 from bench.realistic import REALISTIC
 from bench.same_rows import Judge
@@ -57,7 +61,7 @@ from resources.spark import build_spark_session
 RESULTS = Path(__file__).resolve().parent / "results"
 ONCEFLOW = ingest_throughput.MODES  # exactly_once, at_least_once
 CONTENDERS = (*ONCEFLOW, *peer.CONTENDERS)
-EXTRAS = ("table_growth", "latency")
+EXTRAS = ("table_growth", "latency", "landing")
 ALIASES = {"ingest_throughput": ONCEFLOW}
 DATASETS = {d.name: d for d in (CLEAN, REALISTIC)}
 
@@ -210,6 +214,29 @@ def selected(only: list[str] | None) -> tuple[list[str], set[str]]:
     return [c for c in CONTENDERS if c in names], names & set(EXTRAS)
 
 
+def spark_benchmarks(
+    args: argparse.Namespace, contenders: list[str], extras: set[str], config: Config
+) -> tuple[dict[str, str], list[dict[str, Any]], dict[str, Any] | None, dict[str, Any] | None]:
+    """The benchmarks that need Spark, on one session (none is started when none of them is asked for): its
+    settings, the data sets' runs, `table_growth` and `latency`."""
+    if not contenders and not extras & {"table_growth", "latency"}:
+        return {}, [], None, None
+    with tempfile.TemporaryDirectory(prefix="onceflow-bench-warehouse-") as warehouse:
+        spark = build_spark_session(
+            app_name="onceflow-bench",
+            conf={"spark.sql.warehouse.dir": warehouse, "spark.driver.memory": "2g"},
+        )
+        try:
+            settings = {k: v for k, v in spark.sparkContext.getConf().getAll() if k in report.SPARK_SETTINGS}
+            names = list(DATASETS) if args.dataset == "both" else [args.dataset]
+            datasets = [run_contenders(spark, DATASETS[n], contenders, config, _print) for n in names if contenders]
+            growth = table_growth(spark, args) if "table_growth" in extras else None
+            lat = latency(spark, args) if "latency" in extras else None
+        finally:
+            spark.stop()
+    return settings, datasets, growth, lat
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -243,25 +270,21 @@ def main(argv: list[str] | None = None) -> int:
                      help="events per burst (default: %(default)s)")
     lat.add_argument("--latency-drain-events", type=int, default=DRAIN_EVENTS,
                      help="events published, then drained, for landed_records_per_s (default: %(default)s)")
+    land = parser.add_argument_group("landing")
+    land.add_argument("--landing-events", type=int, default=LANDING_EVENTS,
+                      help="events published, then landed, per timed run (default: %(default)s)")
+    land.add_argument("--landing-rounds", type=int, default=LANDING_ROUNDS,
+                      help="timed rounds per mode (default: %(default)s)")
+    land.add_argument("--landing-streams", type=int, default=None,
+                      help="pulls in flight of the parallel mode (default: ONCEFLOW_PULL_STREAMS)")
     args = parser.parse_args(argv)
     contenders, extras = selected(args.only)
     config = Config(events=args.events, rounds=args.rounds)
     args.results.mkdir(parents=True, exist_ok=True)
     started, load_before = time.time(), os.getloadavg()
-    with tempfile.TemporaryDirectory(prefix="onceflow-bench-warehouse-") as warehouse:
-        spark = build_spark_session(
-            app_name="onceflow-bench",
-            conf={"spark.sql.warehouse.dir": warehouse, "spark.driver.memory": "2g"},
-        )
-        try:
-            settings = {k: v for k, v in spark.sparkContext.getConf().getAll() if k in report.SPARK_SETTINGS}
-            names = list(DATASETS) if args.dataset == "both" else [args.dataset]
-            datasets = [run_contenders(spark, DATASETS[n], contenders, config, _print) for n in names if contenders]
-            growth = table_growth(spark, args) if "table_growth" in extras else None
-            lat = latency(spark, args) if "latency" in extras else None
-        finally:
-            spark.stop()
-    result = report.build(config, datasets, growth, lat)
+    settings, datasets, growth, lat = spark_benchmarks(args, contenders, extras, config)
+    landed = landing(args) if "landing" in extras else None
+    result = report.build(config, datasets, growth, lat, landed)
     result["machine"] = {**machine(), "load_avg_before": load_before, "load_avg_after": os.getloadavg()}
     result["spark"] = settings
     result["started_at"] = datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds")

@@ -52,6 +52,8 @@ class PubSubSource:
     `id_attribute` carries the record ID (it survives publisher retries; without it, or on a message that lacks
     it, the message id is used). `timestamp_attribute` carries the event time (RFC 3339 or epoch milliseconds;
     without it the publish time is used). The tracking subscription defaults to `<subscription>-tracking`.
+    A batch holds at most `max_messages` messages and `max_bytes` bytes of data and attributes, pulled for at
+    most `max_seconds` with `pull_streams` pull requests in flight.
     """
 
     kind: ClassVar[str] = "pubsub"
@@ -62,6 +64,8 @@ class PubSubSource:
     tracking_subscription: str | None = None
     max_messages: int | None = None
     max_seconds: float | None = None
+    max_bytes: int | None = None
+    pull_streams: int | None = None
     ack_deadline_s: int | None = None
 
     @property
@@ -267,6 +271,8 @@ def _check_source(source: Source, fail: Callable[[str, str], None]) -> None:
         # Pub/Sub takes 10..600 s; its emulator 1..600, which tests use for quick redelivery.
         if source.ack_deadline_s is not None and not 1 <= source.ack_deadline_s <= 600:
             fail("source.ack_deadline_s", f"{source.ack_deadline_s} is outside 1..600 seconds")
+        if source.pull_streams is not None and not 1 <= source.pull_streams <= 64:
+            fail("source.pull_streams", f"{source.pull_streams} is outside 1..64")
     else:
         for name in ("timestamp_field", "id_field"):
             value = getattr(source, name)
@@ -276,7 +282,7 @@ def _check_source(source: Source, fail: Callable[[str, str], None]) -> None:
             fail("source.pattern", f"{source.pattern!r}: compressed files are not read (a record's position is its "
                  "byte offset in the file, and files are counted by their lines): decompress them into the directory")
         _duration(source.out_of_orderness, "source.out_of_orderness", fail)
-    for name in ("max_messages", "max_files", "max_seconds"):
+    for name in ("max_messages", "max_files", "max_seconds", "max_bytes"):
         value = getattr(source, name, None)
         if value is not None and not value > 0:
             fail(f"source.{name}", f"{value!r} must be positive")

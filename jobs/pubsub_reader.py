@@ -1,7 +1,8 @@
 """The reader of a `PubSubSource`: land a bounded pull as one immutable file, and only then acknowledge it.
 
-`next_plan` pulls up to `max_messages` / `max_seconds` under lease, writes the batch plan, writes the messages as
-one Parquet landing file (create-if-absent), and acks. A crash before the ack means redelivery, which ingest
+`next_plan` pulls up to `max_messages` / `max_bytes` / `max_seconds` under lease, with `pull_streams` pull requests
+in flight (what comes beyond a bound goes back to the subscription for the next batch), writes the batch plan,
+writes the messages kept as one Parquet landing file (create-if-absent), and only then acks exactly those. A crash before the ack means redelivery, which ingest
 deduplicates; a crash after the landing file is written replays that file. The watermark is Dataflow's
 tracking-subscription heuristic (`PubSubWatermark`), with the base subscription's backlog from Cloud Monitoring
 on GCP or, on the emulator (which has no metrics), from what onceflow itself has seen and committed.
@@ -29,6 +30,7 @@ from resources.checkpoint import BatchPlan, CheckpointStore, SourceCheckpoint
 from resources.faults import crash_point
 from resources.object_store import ObjectStore
 from resources.pubsub import PubSubClient, PulledMessage
+from resources.pubsub_pull import PullBounds
 
 
 class PubSubReader:
@@ -66,9 +68,8 @@ class PubSubReader:
         plan = self.checkpoints.get_plan(batch_id)
         if plan is not None and self.landing.exists(plan.landing_key or ""):
             return plan  # landed before a crash: replay it as it is
-        assert source.max_messages is not None and source.max_seconds is not None
-        ack_deadline = source.ack_deadline_s or 60
-        with self.client.pull_batch(source.subscription, source.max_messages, source.max_seconds, ack_deadline) as batch:
+        bounds = PullBounds(source.max_messages, source.max_bytes, source.max_seconds, source.pull_streams or 1)
+        with self.client.pull_batch(source.subscription, bounds, source.ack_deadline_s or 60) as batch:
             if not batch.messages:
                 return None
             crash_point("land.before_persist")
@@ -83,10 +84,10 @@ class PubSubReader:
             )
             if plan.landing_key is None or not self.landing.create(plan.landing_key, _to_parquet(batch.messages)):
                 # Another attempt landed this batch first; ours go back to the subscription for redelivery.
-                self.client.modify_ack_deadline(source.subscription, batch.ack_ids, 0)
+                self.client.modify_ack_deadline(source.subscription, batch.ack_ids, 0, streams=bounds.streams)
                 return plan
             crash_point("land.after_persist")
-            self.client.ack(source.subscription, batch.ack_ids)
+            self.client.ack(source.subscription, batch.ack_ids, streams=bounds.streams)
         return plan
 
     def landed(self, spark: SparkSession, plan: BatchPlan) -> DataFrame:

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from jobs.declaration import PubSubSource
-from resources.pubsub import PubSubClient, PulledMessage
+from resources.pubsub import DRAINED_PULL_TIMEOUT_S, PubSubClient, PulledMessage
+from resources.pubsub_pull import PullBounds
 
 # The same rule as ingest: up to 15 digits is epoch milliseconds, anything else must be an RFC 3339 timestamp.
 _EPOCH_MS = re.compile(r"^-?[0-9]{1,15}$")
@@ -68,25 +69,26 @@ class TrackingSample:
 class TrackingDrain:
     """What one drain of the tracking subscription saw.
 
-    `caught_up` is true when the drain ended on an empty pull; `tracked_through_ms` is then the drain's start
-    time (everything published before it has been seen) and None otherwise, as `PubSubWatermark.observe` expects.
-    `ack_ids` acknowledge the drained messages, once their samples are persisted.
+    A drain ends only on an empty pull (caught up), so `tracked_through_ms` is the drain's start time: everything
+    published before it has been seen, as `PubSubWatermark.observe` expects. `ack_ids` acknowledge the drained
+    messages, once their samples are persisted.
     """
 
     samples: list[TrackingSample]
-    caught_up: bool
-    tracked_through_ms: int | None
+    tracked_through_ms: int
     ack_ids: list[str]
 
 
 class TrackingDrainer:
-    """Drains a tracking subscription with short synchronous pulls; `ack` acknowledges a drain's messages.
+    """Drains a tracking subscription with `streams` short synchronous pulls in flight; `ack` acknowledges a
+    drain's messages.
 
-    A drain pulls until a pull comes back empty (caught up) or `max_messages` were taken (not caught up: the
-    rest waits for the next drain). The caller persists the samples, then acks: a sample acked but never saved
-    (a run killed in between) would leave the emulator's backlog estimate without a message still waiting in the
-    base subscription, and the watermark could pass it. A drain redelivered after a crash is observed again,
-    which only holds the watermark back.
+    A drain pulls until a pull comes back empty, however many messages that takes: a drain cut short at a message
+    budget could not say it was caught up, and a topic busier than the budget per batch would hold the watermark
+    back for ever. The caller persists the samples, then acks: a sample acked but never saved (a run killed in
+    between) would leave the emulator's backlog estimate without a message still waiting in the base
+    subscription, and the watermark could pass it. A drain redelivered after a crash is observed again, which
+    only holds the watermark back.
 
     On the emulator an empty pull means the subscription is empty. Google Cloud Pub/Sub may answer a pull with no
     messages while some are waiting, so there `tracked_through_ms` is itself an estimate.
@@ -98,34 +100,27 @@ class TrackingDrainer:
         subscription: str,
         timestamp_attribute: str | None,
         *,
-        max_per_pull: int = 1_000,
-        max_messages: int = 100_000,
-        pull_timeout_s: float = 1.0,
+        streams: int = 1,
+        pull_timeout_s: float = DRAINED_PULL_TIMEOUT_S,
     ) -> None:
         self.client = client
         self.subscription = subscription
         self.timestamp_attribute = timestamp_attribute
-        self.max_per_pull = max_per_pull
-        self.max_messages = max_messages
+        self.streams = streams
         self.pull_timeout_s = pull_timeout_s
 
     @classmethod
     def for_source(cls, client: PubSubClient, spec: PubSubSource) -> TrackingDrainer:
         """The drainer of a declared Pub/Sub source's tracking subscription."""
-        return cls(client, spec.tracking, spec.timestamp_attribute)
+        return cls(client, spec.tracking, spec.timestamp_attribute, streams=spec.pull_streams or 1)
 
     def drain(self, now_ms: int) -> TrackingDrain:
         """Drain the subscription (nothing is acknowledged yet); `now_ms` is the time the drain starts."""
-        samples: list[TrackingSample] = []
-        ack_ids: list[str] = []
-        while len(samples) < self.max_messages:
-            wanted = min(self.max_per_pull, self.max_messages - len(samples))
-            pulled = self.client.pull(self.subscription, wanted, self.pull_timeout_s)
-            if not pulled:
-                return TrackingDrain(samples, caught_up=True, tracked_through_ms=now_ms, ack_ids=ack_ids)
-            ack_ids.extend(m.ack_id for m in pulled)
-            samples.extend(sample_of(m, self.timestamp_attribute) for m in pulled)
-        return TrackingDrain(samples, caught_up=False, tracked_through_ms=None, ack_ids=ack_ids)
+        pulled = self.client.pull_concurrently(
+            self.subscription, PullBounds(streams=self.streams), timeout_s=self.pull_timeout_s
+        )
+        samples = [sample_of(m, self.timestamp_attribute) for m in pulled]
+        return TrackingDrain(samples, tracked_through_ms=now_ms, ack_ids=[m.ack_id for m in pulled])
 
     def ack(self, drain: TrackingDrain) -> None:
-        self.client.ack(self.subscription, drain.ack_ids)
+        self.client.ack(self.subscription, drain.ack_ids, streams=self.streams)

@@ -1,15 +1,16 @@
-"""Google Cloud Pub/Sub, through the official client with synchronous pull.
+"""Google Cloud Pub/Sub, through the official client with synchronous pulls (several in flight at once).
 
-`PubSubClient` pulls a bounded batch while a background lease keeps every held message's ack deadline extended,
-and acks only when told to: the caller persists the batch first. With `PUBSUB_EMULATOR_HOST` set the client
-talks to the emulator; otherwise to Google Cloud with Application Default Credentials.
+`PubSubClient` pulls a batch bounded in messages, bytes and time while a background lease keeps every held
+message's ack deadline extended, and acks only when told to: the caller persists the batch first. With
+`PUBSUB_EMULATOR_HOST` set the client talks to the emulator; otherwise to Google Cloud with Application Default
+Credentials.
 """
 
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 
@@ -20,10 +21,16 @@ from google.cloud import pubsub_v1
 from google.pubsub_v1.services.publisher.transports import PublisherGrpcTransport
 from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
 
+from resources.pubsub_pull import CONFIRMING, FLOWING, SHORT, PullBounds, pull_concurrently
+
 # The emulator answers an empty pull about 1 s before the client timeout; a short timeout keeps polling quick.
+# Once a pull came back short, later ones wait less, but not under 1.5 s: a pull among several in flight on a busy
+# machine can take a second, and one cut off by its timeout strands what it was given until the ack deadline.
+# The pull that confirms an empty answer waits 1 s: the emulator answers it at once.
 EMPTY_PULL_TIMEOUT_S = 2.0
-MAX_PULL = 1000
-DRAINED_PULL_TIMEOUT_S = 0.25
+DRAINED_PULL_TIMEOUT_S = 1.5
+CONFIRM_PULL_TIMEOUT_S = 1.0
+ACK_CHUNK = 1000  # ack ids per acknowledge / modify-ack-deadline request
 
 
 @dataclass(frozen=True)
@@ -33,6 +40,11 @@ class PulledMessage:
     attributes: dict[str, str]
     data: bytes
     ack_id: str
+
+    @property
+    def size(self) -> int:
+        """The bytes it brings into a batch: its data and attributes (what `max_bytes` bounds)."""
+        return len(self.data) + sum(len(k) + len(v) for k, v in self.attributes.items())
 
 
 @dataclass
@@ -94,15 +106,16 @@ class PubSubClient:
             )
         except gexc.DeadlineExceeded:
             return []
+        # The plain protobuf, not the proto-plus wrapper: its per-field conversions cost more than the pull itself.
         return [
             PulledMessage(
                 message_id=r.message.message_id,
-                publish_time_ms=int(r.message.publish_time.timestamp() * 1000),
+                publish_time_ms=r.message.publish_time.ToMilliseconds(),
                 attributes=dict(r.message.attributes),
-                data=bytes(r.message.data),
+                data=r.message.data,
                 ack_id=r.ack_id,
             )
-            for r in response.received_messages
+            for r in type(response).pb(response).received_messages
         ]
 
     def has_messages(self, subscription: str, timeout_s: float = 2.0) -> bool:
@@ -113,11 +126,30 @@ class PubSubClient:
             self.modify_ack_deadline(subscription, [m.ack_id for m in pulled], 0)
         return bool(pulled)
 
+    def pull_concurrently(
+        self,
+        subscription: str,
+        bounds: PullBounds,
+        kept: Callable[[list[PulledMessage]], None] = lambda _: None,
+        timeout_s: float = EMPTY_PULL_TIMEOUT_S,
+    ) -> list[PulledMessage]:
+        """Pull with `bounds.streams` requests in flight until a bound is reached or the subscription is drained
+        (`resources.pubsub_pull`); what came beyond the bounds goes straight back to the subscription. Each pull
+        waits up to `timeout_s`, or less once one came back short."""
+        timeouts = {FLOWING: timeout_s, SHORT: min(timeout_s, DRAINED_PULL_TIMEOUT_S), CONFIRMING: CONFIRM_PULL_TIMEOUT_S}
+
+        def pull(wanted: int, stage: int) -> list[PulledMessage]:
+            return self.pull(subscription, wanted, timeouts[stage])
+
+        def give_back(messages: list[PulledMessage]) -> None:
+            self.modify_ack_deadline(subscription, [m.ack_id for m in messages], 0)
+
+        return pull_concurrently(pull, bounds, kept, give_back).kept
+
     @contextmanager
-    def pull_batch(
-        self, subscription: str, max_messages: int, max_seconds: float, ack_deadline_s: int = 60
-    ) -> Iterator[PulledBatch]:
-        """Pull until `max_messages`, `max_seconds` or the subscription is drained, holding a lease on them.
+    def pull_batch(self, subscription: str, bounds: PullBounds, ack_deadline_s: int = 60) -> Iterator[PulledBatch]:
+        """Pull until a bound of `bounds` is reached or the subscription is drained, holding a lease on what was
+        kept.
 
         The lease extends each held message's ack deadline every half deadline until the block exits, so a slow
         persist does not let the messages be redelivered while they are being written.
@@ -130,43 +162,35 @@ class PubSubClient:
             while not stop.wait(ack_deadline_s / 2):
                 with lock:
                     ack_ids = batch.ack_ids
-                self.modify_ack_deadline(subscription, ack_ids, ack_deadline_s)
+                self.modify_ack_deadline(subscription, ack_ids, ack_deadline_s, streams=bounds.streams)
+
+        def hold(messages: list[PulledMessage]) -> None:
+            with lock:
+                batch.messages.extend(messages)
 
         lease = threading.Thread(target=extend, name=f"lease-{subscription}", daemon=True)
         lease.start()
         try:
-            deadline = time.monotonic() + max_seconds
-            timeout = EMPTY_PULL_TIMEOUT_S
-            while len(batch.messages) < max_messages and time.monotonic() < deadline:
-                wanted = min(MAX_PULL, max_messages - len(batch.messages))
-                pulled = self.pull(subscription, wanted, timeout)
-                if not pulled:
-                    break
-                with lock:
-                    batch.messages.extend(pulled)
-                if len(pulled) < wanted:
-                    # What was waiting has come: the pull that confirms the drain need not wait long.
-                    timeout = DRAINED_PULL_TIMEOUT_S
+            self.pull_concurrently(subscription, bounds, hold)
             yield batch
         finally:
             stop.set()
             lease.join()
 
-    def modify_ack_deadline(self, subscription: str, ack_ids: Sequence[str], seconds: int) -> None:
-        for chunk in _chunks(ack_ids, 1000):
-            self.subscriber.modify_ack_deadline(
-                request={
-                    "subscription": self.subscription_path(subscription),
-                    "ack_ids": list(chunk),
-                    "ack_deadline_seconds": seconds,
-                }
-            )
+    def modify_ack_deadline(self, subscription: str, ack_ids: Sequence[str], seconds: int, streams: int = 1) -> None:
+        path = self.subscription_path(subscription)
+        _each_chunk(
+            ack_ids,
+            lambda chunk: self.subscriber.modify_ack_deadline(
+                request={"subscription": path, "ack_ids": chunk, "ack_deadline_seconds": seconds}
+            ),
+            streams,
+        )
 
-    def ack(self, subscription: str, ack_ids: Sequence[str]) -> None:
-        for chunk in _chunks(ack_ids, 1000):
-            self.subscriber.acknowledge(
-                request={"subscription": self.subscription_path(subscription), "ack_ids": list(chunk)}
-            )
+    def ack(self, subscription: str, ack_ids: Sequence[str], streams: int = 1) -> None:
+        """Acknowledge, in requests of `ACK_CHUNK` ids, `streams` of them at once."""
+        path = self.subscription_path(subscription)
+        _each_chunk(ack_ids, lambda chunk: self.subscriber.acknowledge(request={"subscription": path, "ack_ids": chunk}), streams)
 
     def publish(self, topic: str, messages: Sequence[tuple[bytes, dict[str, str]]]) -> list[str]:
         """Publish and wait; returns the message ids in order."""
@@ -181,9 +205,14 @@ def _channel(host: str) -> grpc.Channel:
     )
 
 
-def _chunks(items: Sequence[str], size: int) -> Iterator[Sequence[str]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
+def _each_chunk(ack_ids: Sequence[str], call: Callable[[list[str]], object], streams: int) -> None:
+    chunks = [list(ack_ids[start : start + ACK_CHUNK]) for start in range(0, len(ack_ids), ACK_CHUNK)]
+    if streams <= 1 or len(chunks) <= 1:
+        for chunk in chunks:
+            call(chunk)
+        return
+    with ThreadPoolExecutor(min(streams, len(chunks)), thread_name_prefix="ack") as pool:
+        list(pool.map(call, chunks))
 
 
 class PubSubResource(dg.ConfigurableResource):

@@ -82,6 +82,10 @@ class Settings(BaseSettings):
 
     max_messages: int = Field(default=10_000, gt=0)
     max_seconds: float = Field(default=10.0, gt=0)
+    max_bytes: int = Field(
+        default=128 * 2**20, gt=0, description="Bytes (data and attributes) per Pub/Sub micro-batch, as well as messages."
+    )
+    pull_streams: int = Field(default=8, ge=1, le=64, description="Pub/Sub pull requests in flight per landing.")
     ack_deadline_s: int = Field(default=60, ge=1, le=600)
     max_files: int = Field(default=100, gt=0)
     watermark_band_s: int = Field(default=10, ge=0)

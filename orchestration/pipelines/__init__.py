@@ -67,6 +67,8 @@ def resolve(pipeline: Pipeline, settings: Settings) -> Pipeline:
             source,
             max_messages=source.max_messages or settings.max_messages,
             max_seconds=source.max_seconds or settings.max_seconds,
+            max_bytes=source.max_bytes or settings.max_bytes,
+            pull_streams=source.pull_streams or settings.pull_streams,
             ack_deadline_s=source.ack_deadline_s or settings.ack_deadline_s,
         )
     elif isinstance(source, FileSource):
