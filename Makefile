@@ -30,8 +30,8 @@ test: setup
 	ONCEFLOW_TEST_ENGINE=classic $(BIN)/pytest -m "engine_paths and not cluster"
 
 # The cluster-gcs profile (DESIGN 11): the end-to-end path on a Spark standalone cluster (a master and two workers
-# on 127.0.0.1) on both engine paths, the daemon on PostgreSQL, and the chaos short run on the cluster with the lake
-# on the GCS emulator. CI runs it after `make test`.
+# on 127.0.0.1) on both engine paths and the daemon on PostgreSQL. CI runs it after
+# `make test`; `CHAOS_PROFILE=cluster-gcs make chaos` runs the chaos harness on the whole profile.
 test-cluster: setup
 	$(BIN)/pytest -m cluster
 
