@@ -66,9 +66,13 @@ def spark_home() -> Path:
     return Path(pyspark.__file__).parent
 
 
-def daemon_env() -> dict[str, str]:
-    """The environment of the daemons: the wheel's Spark, loopback addresses, this interpreter for Python workers."""
-    return {**os.environ, "SPARK_HOME": str(spark_home()), "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
+def spark_env(local_ip: str | None = None) -> dict[str, str]:
+    """The environment of a Spark process onceflow starts: the wheel's Spark, this interpreter for Python workers,
+    and `SPARK_LOCAL_IP` as `local_ip` when the caller's environment sets none."""
+    env = {**os.environ, "SPARK_HOME": str(spark_home()), "PYSPARK_PYTHON": sys.executable}
+    if local_ip is not None:
+        env.setdefault("SPARK_LOCAL_IP", local_ip)
+    return env
 
 
 def start_spark_cluster(
@@ -108,7 +112,7 @@ def _daemon(args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
     with log_path.open("wb") as log:
         return subprocess.Popen(
             [str(spark_home() / "bin" / "spark-class"), *args], stdout=log, stderr=subprocess.STDOUT,
-            env=daemon_env(), start_new_session=True,
+            env=spark_env(local_ip="127.0.0.1"), start_new_session=True,
         )
 
 

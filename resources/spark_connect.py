@@ -9,10 +9,8 @@ jars through `--jars`.
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -23,7 +21,7 @@ from resources.processes import stop_process_group
 from resources.pubsub_emulator import free_port
 from resources.settings import Settings
 from resources.spark import engine_conf, engine_jars
-from resources.spark_cluster import spark_home
+from resources.spark_cluster import spark_env, spark_home
 
 
 @dataclass
@@ -69,11 +67,10 @@ def start_spark_connect_server(
     for key, value in conf.items():
         command += ["--conf", f"{key}={value}"]
     log_path = Path(tempfile.mkdtemp(prefix="onceflow-spark-connect-")) / "server.log"
-    env = {**os.environ, "SPARK_HOME": str(spark_home()), "PYSPARK_PYTHON": sys.executable}
-    if master.startswith("local") or "//127.0.0.1:" in master:
-        # The whole engine is on this machine: its driver binds to loopback too. A remote cluster's executors
-        # must reach the driver, so there the machine's address (or the user's SPARK_LOCAL_IP) stays.
-        env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # The whole engine on this machine: its driver binds to loopback too. A remote cluster's executors must reach
+    # the driver, so there the machine's address (or the user's SPARK_LOCAL_IP) stays.
+    on_this_machine = master.startswith("local") or "//127.0.0.1:" in master
+    env = spark_env(local_ip="127.0.0.1" if on_this_machine else None)
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     server = SparkConnectServer(process, port, log_path)
