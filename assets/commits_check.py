@@ -1,6 +1,6 @@
 """The asset check `commits_not_quarantined`: fails while a commit sequence of the asset is quarantined.
 
-A quarantined sequence is a publication that used up its attempts (see `resources.commit_store`); the check
+A quarantined sequence is a publication that used up its attempts (see `onceflow.jobs.publish.commit_store`); the check
 names it and its last error, and passes again once an operator re-armed it (`onceflow commits retry <id>`) and it
 completed. `commit_sensor` reports this check whenever the set of quarantined sequences changes; it can also be
 executed on its own.
@@ -10,9 +10,9 @@ from typing import Any
 
 import dagster as dg
 
-from jobs.commit_steps import sequence_asset
-from resources.commit_store import CommitStore
-from resources.lake import LakeResource
+from onceflow.jobs.publish.commit_store import CommitStore
+from onceflow.jobs.publish.sequence import sequence_asset
+from onceflow.resources.lake import LakeResource
 
 COMMITS_NOT_QUARANTINED = "commits_not_quarantined"
 

@@ -13,12 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from jobs.declaration import FileSource, Pipeline
-from jobs.schema import parse_schema
-from orchestration.pipelines import resolve
-from orchestration.pipelines.events import SCHEMA as EVENTS_SCHEMA
-from orchestration.workload import make_events, with_publisher_retries
-from resources.settings import load_settings
+from onceflow.jobs.declare.declaration import FileSource, Pipeline
+from onceflow.jobs.declare.schema import parse_schema
+from onceflow.orchestration.pipelines import resolve
+from onceflow.orchestration.pipelines.events import SCHEMA as EVENTS_SCHEMA
+from onceflow.orchestration.workload import make_events, with_publisher_retries
+from onceflow.resources.settings import load_settings
 
 RETRY_FRACTION = 0.10
 

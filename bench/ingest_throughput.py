@@ -21,10 +21,10 @@ from pyspark.sql import SparkSession
 
 from bench.datasets import BenchmarkError, Source
 from bench.memory import PeakRss
-from jobs.ingest_result import IngestResult
-from jobs.micro_batch import run_micro_batch
-from jobs.source_reader import open_source
-from resources.lake import LakeResource
+from onceflow.jobs.ingest.micro_batch import run_micro_batch
+from onceflow.jobs.ingest.result import IngestResult
+from onceflow.jobs.sources.reader import open_source
+from onceflow.resources.lake import LakeResource
 
 NAME = "ingest_throughput"
 MODES = ("exactly_once", "at_least_once")

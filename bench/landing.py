@@ -30,16 +30,16 @@ from pathlib import Path
 from typing import Any
 
 from bench.datasets import BenchmarkError
-from jobs.declaration import PubSubSource
-from jobs.source_reader import SourceRuntime, open_source
-from orchestration.pipelines import resolve
-from orchestration.pipelines.events import events_pipeline
-from orchestration.workload import make_events
-from resources.checkpoint import SourceCheckpoint
-from resources.lake import LakeResource
-from resources.pubsub import PubSubClient
-from resources.pubsub_emulator import PubSubEmulator, start_pubsub_emulator
-from resources.settings import load_settings
+from onceflow.jobs.declare.declaration import PubSubSource
+from onceflow.jobs.sources.checkpoint import SourceCheckpoint
+from onceflow.jobs.sources.reader import SourceRuntime, open_source
+from onceflow.orchestration.pipelines import resolve
+from onceflow.orchestration.pipelines.events import events_pipeline
+from onceflow.orchestration.workload import make_events
+from onceflow.resources.emulators.pubsub import PubSubEmulator, start_pubsub_emulator
+from onceflow.resources.lake import LakeResource
+from onceflow.resources.pubsub import PubSubClient
+from onceflow.resources.settings import load_settings
 
 BASELINE_RECORDS_PER_S = 5_610.0  # latency's drain on 2026-11-24 (DESIGN.md section 10)
 EVENTS = 50_000

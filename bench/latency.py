@@ -1,11 +1,11 @@
 """Latency from publish to committed raw row on the Pub/Sub emulator path, without Dagster (DESIGN.md section 10,
 benchmark 4).
 
-Google's Pub/Sub emulator is started as the project starts it (`resources.pubsub_emulator`), in a project of its
+Google's Pub/Sub emulator is started as the project starts it (`onceflow.resources.emulators.pubsub`), in a project of its
 own; the built-in `events` pipeline (its Pub/Sub declaration, resolved against the settings) gets a fresh home and
 its topic and subscriptions (`open_source(...).reader.ensure()`). On `bench.run`'s Spark session:
 
-- Bursts: `--latency-bursts` times, publish `--latency-burst-events` fresh events (`orchestration.workload.
+- Bursts: `--latency-bursts` times, publish `--latency-burst-events` fresh events (`onceflow.orchestration.workload.
   publish_events`, event times = now), then call `run_micro_batch` until all of them are in the raw table. An
   event's latency is the Delta commit timestamp of the raw table version that holds it minus its Pub/Sub publish
   time (both this machine's clock): publish, pull and landing (including the empty pulls that end a drain of the
@@ -38,17 +38,17 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from bench.datasets import BenchmarkError
-from jobs.declaration import PubSubSource
-from jobs.ingest_result import IngestResult
-from jobs.micro_batch import run_micro_batch
-from jobs.source_reader import SourceRuntime, open_source
-from orchestration.pipelines import resolve
-from orchestration.pipelines.events import events_pipeline
-from orchestration.workload import make_events, publish_events
-from resources.lake import LakeResource
-from resources.pubsub import PubSubClient
-from resources.pubsub_emulator import start_pubsub_emulator
-from resources.settings import load_settings
+from onceflow.jobs.declare.declaration import PubSubSource
+from onceflow.jobs.ingest.micro_batch import run_micro_batch
+from onceflow.jobs.ingest.result import IngestResult
+from onceflow.jobs.sources.reader import SourceRuntime, open_source
+from onceflow.orchestration.pipelines import resolve
+from onceflow.orchestration.pipelines.events import events_pipeline
+from onceflow.orchestration.workload import make_events, publish_events
+from onceflow.resources.emulators.pubsub import start_pubsub_emulator
+from onceflow.resources.lake import LakeResource
+from onceflow.resources.pubsub import PubSubClient
+from onceflow.resources.settings import load_settings
 
 BURSTS = 10
 BURST_EVENTS = 200
@@ -104,7 +104,7 @@ def _latencies(raw_path: str, batch_versions: dict[int, int], prefix: str, skip:
 
 
 def _demo_tick_to_commit() -> dict[str, Any]:
-    from orchestration.demo import DEMO_LATENCY
+    from onceflow.orchestration.cli.demo import DEMO_LATENCY
 
     if not DEMO_LATENCY.exists():
         return {"tick_to_commit_median_s": None, "tick_to_commit_note": "run make demo to measure it"}

@@ -7,7 +7,7 @@ minute of jitter), the files hold what real producers send:
   and sometimes null, a field no schema declares (`sdk`);
 - decimals as strings, and some as JSON numbers; some user ids as numbers for a STRING field;
 - event times as ISO-8601 strings in the formats of `TIME_FORMATS`, all of which onceflow's event-time parser
-  (`jobs.validation.parse_time`) and Spark's JSON reader read to the same instant;
+  (`onceflow.jobs.ingest.validation.parse_time`) and Spark's JSON reader read to the same instant;
 - `RETRY_FRACTION` publisher retries (the same record again, a few hundred lines later), `REDELIVERY_FRACTION`
   redeliveries of records from the first quarter of the files in the last quarter (a producer replay), and a
   steady `MALFORMED_FRACTION` of malformed lines (`MALFORMED`: each with the reason onceflow dead-letters it for).

@@ -52,11 +52,11 @@ from bench.latency import BURST_EVENTS, BURSTS, DRAIN_EVENTS, latency
 from bench.realistic import REALISTIC
 from bench.same_rows import Judge
 from bench.table_growth import BATCH_RECORDS, BATCHES, SIZES, parse_sizes, table_growth
-from jobs.micro_batch import run_micro_batch
-from jobs.source_reader import open_source
-from resources.checkpoint import SourceCheckpoint
-from resources.lake import LakeResource
-from resources.spark import build_spark_session
+from onceflow.jobs.ingest.micro_batch import run_micro_batch
+from onceflow.jobs.sources.checkpoint import SourceCheckpoint
+from onceflow.jobs.sources.reader import open_source
+from onceflow.resources.lake import LakeResource
+from onceflow.resources.spark import build_spark_session
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ONCEFLOW = ingest_throughput.MODES  # exactly_once, at_least_once

@@ -4,7 +4,7 @@
 Per table size N (`--growth-rows`, default 1,000,000 and 10,000,000), on `bench.run`'s Spark session:
 
 1. A fresh onceflow home for the `events` file pipeline; the raw table is created as ingest creates it
-   (`jobs.ingest.ensure_tables`), then N synthetic rows are appended to it by one Spark write (uuid-like record
+   (`onceflow.jobs.ingest.batch_ingest.ensure_tables`), then N synthetic rows are appended to it by one Spark write (uuid-like record
    IDs, event times spread over the `LOADED_HOURS` hours before the newest test event, so every row is inside
    the 24 h dedup horizon of every test batch). Not timed (reported as `bulk_load_s`).
 2. The home is copied (`shutil.copytree`): the original runs without the fast path (`LakeResource(id_filters=
@@ -43,11 +43,12 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from bench.datasets import CLEAN, BenchmarkError
-from jobs.ingest import bucket_of, ensure_tables
-from jobs.micro_batch import run_micro_batch
-from jobs.source_reader import SourceRuntime, open_source
-from orchestration.workload import make_events, with_publisher_retries
-from resources.lake import LakeResource
+from onceflow.jobs.delta.raw_table import bucket_of
+from onceflow.jobs.ingest.batch_ingest import ensure_tables
+from onceflow.jobs.ingest.micro_batch import run_micro_batch
+from onceflow.jobs.sources.reader import SourceRuntime, open_source
+from onceflow.orchestration.workload import make_events, with_publisher_retries
+from onceflow.resources.lake import LakeResource
 
 SIZES = (1_000_000, 10_000_000)
 BATCHES = 4

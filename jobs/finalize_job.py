@@ -7,12 +7,12 @@ sensor starts a new lineage only after a lineage has finally failed.
 
 import dagster as dg
 
-from jobs.commit_step import CommitContext
-from jobs.commit_steps import run_sequence
-from jobs.run_worker import record_worker
-from resources.bigquery import BigQueryResource
-from resources.commit_store import CommitStore
-from resources.lake import LakeResource
+from onceflow.jobs.publish.commit_store import CommitStore
+from onceflow.jobs.publish.sequence import run_sequence
+from onceflow.jobs.publish.step import CommitContext
+from onceflow.jobs.run_worker import record_worker
+from onceflow.resources.bigquery import BigQueryResource
+from onceflow.resources.lake import LakeResource
 
 FINALIZE_JOB = "finalize_commits"
 SEQUENCE_TAG = "onceflow/commit_sequence"

@@ -15,14 +15,14 @@ from typing import Any
 
 import dagster as dg
 
-from jobs.declaration import Pipeline
-from jobs.ingest_result import IngestResult
-from jobs.micro_batch import run_micro_batch
-from jobs.run_worker import record_worker
-from jobs.source_reader import open_source
-from resources.lake import LakeResource
-from resources.pubsub import PubSubResource
-from resources.spark import SparkResource
+from onceflow.jobs.declare.declaration import Pipeline
+from onceflow.jobs.ingest.micro_batch import run_micro_batch
+from onceflow.jobs.ingest.result import IngestResult
+from onceflow.jobs.run_worker import record_worker
+from onceflow.jobs.sources.reader import open_source
+from onceflow.resources.lake import LakeResource
+from onceflow.resources.pubsub import PubSubResource
+from onceflow.resources.spark import SparkResource
 
 
 def raw_asset_key(pipeline: Pipeline) -> dg.AssetKey:

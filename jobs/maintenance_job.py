@@ -1,4 +1,4 @@
-"""The Dagster job `maintain_tables` and its daily schedule: `jobs.maintenance.maintain` for every pipeline.
+"""The Dagster job `maintain_tables` and its daily schedule: `onceflow.jobs.delta.maintenance.maintain` for every pipeline.
 
 It needs no pool of its own: compaction touches only raw buckets below the dedup horizon (which ingest no longer
 writes) and vacuum keeps every version within the retention, so it runs beside micro-batches and windows.
@@ -6,12 +6,12 @@ writes) and vacuum keeps every version within the retention, so it runs beside m
 
 import dagster as dg
 
-from jobs.declaration import Pipeline
-from jobs.maintenance import maintain
-from jobs.micro_batch import horizon_floor_ms
-from jobs.source_reader import open_source
-from resources.lake import LakeResource
-from resources.spark import SparkResource
+from onceflow.jobs.declare.declaration import Pipeline
+from onceflow.jobs.delta.maintenance import maintain
+from onceflow.jobs.ingest.micro_batch import horizon_floor_ms
+from onceflow.jobs.sources.reader import open_source
+from onceflow.resources.lake import LakeResource
+from onceflow.resources.spark import SparkResource
 
 MAINTENANCE_JOB = "maintain_tables"
 

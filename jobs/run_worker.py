@@ -2,7 +2,7 @@
 
 A run killed outside Dagster's launcher (a `dagster job execute` killed by a signal, a power cut) stays STARTED
 in the instance forever: nothing reports it, so its concurrency pool slot is never released and every sensor
-that waits for it waits forever. With these tags, `orchestration.runs` can tell such a run from a live one.
+that waits for it waits forever. With these tags, `onceflow.orchestration.sensors.runs` can tell such a run from a live one.
 
 Dagster copies a run's tags to its automatic retry, so the tags also name the run whose process they describe:
 a retry not started yet carries its failed parent's dead pid, and must not be taken for dead because of it.

@@ -6,24 +6,26 @@ the code location loads, so a mistake fails the load with a message naming the p
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import dagster as dg
 
-from assets.commits_check import build_commits_check
-from assets.windows import build_window_asset
-from jobs.declaration import Pipeline
-from jobs.finalize_job import finalize_commits
-from jobs.ingest_job import build_ingest_job, raw_asset_key
-from jobs.maintenance_job import build_maintenance_job
-from jobs.run_retention import build_run_retention_job
-from orchestration.commit_sensor import build_commit_sensor
-from orchestration.micro_batch_sensor import build_micro_batch_sensor
-from orchestration.pipelines import load_pipelines
-from orchestration.pipelines.table_check import check_raw_tables
-from orchestration.pipelines.transform_check import check_transforms
-from orchestration.resources import resources_for
-from orchestration.runs import build_dead_run_sensor
-from orchestration.window_sensor import build_window_sensor
-from resources.settings import Settings, load_settings
+from onceflow.assets.commits_check import build_commits_check
+from onceflow.assets.window_asset import build_window_asset
+from onceflow.jobs.declare.declaration import Pipeline
+from onceflow.jobs.finalize_job import finalize_commits
+from onceflow.jobs.ingest_job import build_ingest_job, raw_asset_key
+from onceflow.jobs.maintenance_job import build_maintenance_job
+from onceflow.jobs.run_retention import build_run_retention_job
+from onceflow.orchestration.deployments import resources_for
+from onceflow.orchestration.pipelines import load_pipelines
+from onceflow.orchestration.pipelines.table_check import check_raw_tables
+from onceflow.orchestration.pipelines.transform_check import check_transforms
+from onceflow.orchestration.sensors.commit import build_commit_sensor
+from onceflow.orchestration.sensors.micro_batch import build_micro_batch_sensor
+from onceflow.orchestration.sensors.runs import build_dead_run_sensor
+from onceflow.orchestration.sensors.window import build_window_sensor
+from onceflow.resources.settings import Settings, load_settings
 
 
 def raw_asset(pipeline: Pipeline) -> dg.AssetSpec:
@@ -36,9 +38,16 @@ def raw_asset(pipeline: Pipeline) -> dg.AssetSpec:
     )
 
 
-def build_definitions(settings: Settings | None = None) -> dg.Definitions:
+def definitions(pipelines: Sequence[Pipeline] | None = None, settings: Settings | None = None) -> dg.Definitions:
+    """A code location running `pipelines` (default: `ONCEFLOW_PIPELINES`'s, else the built-ins), with every
+    job, asset, check, sensor and schedule onceflow derives from them, and its resources for `settings`'
+    deployment. Declarations and settings are checked here: a mistake raises, naming what is wrong.
+
+    `onceflow.definitions([orders])` in a project's own definitions module; merge it with the project's
+    other definitions with `dg.Definitions.merge`.
+    """
     settings = settings or load_settings()
-    pipelines = load_pipelines(settings)
+    pipelines = load_pipelines(settings, pipelines)
     resources = resources_for(settings)
     check_raw_tables(pipelines, resources["lake"])
     check_transforms(pipelines, resources["spark"].get_session, resources["lake"].declarations())
@@ -62,5 +71,5 @@ def build_definitions(settings: Settings | None = None) -> dg.Definitions:
 
 @dg.definitions
 def defs() -> dg.Definitions:
-    """What `dagster` loads (`-m orchestration.definitions`); built on load, not on import."""
-    return build_definitions()
+    """What `dagster` loads (`-m onceflow.orchestration.definitions`); built on load, not on import."""
+    return definitions()

@@ -26,21 +26,25 @@ from pathlib import Path
 
 import dagster as dg
 
-from jobs.source_reader import open_source
-from orchestration.pipelines import load_pipelines
-from orchestration.resources import resources_for
-from resources.bigquery_emulator import BigQueryEmulator, BigQueryEmulatorUnavailable, start_bigquery_emulator
-from resources.gcs_emulator import start_gcs_emulator
-from resources.lake import LakeResource
-from resources.postgres_server import PostgresServer, start_postgres
-from resources.processes import stop_process_group
-from resources.pubsub_emulator import PubSubEmulator, start_pubsub_emulator
-from resources.settings import load_settings
-from resources.spark import build_spark_session
-from resources.spark_cluster import SparkCluster, start_spark_cluster
-from resources.spark_connect import SparkConnectServer, start_engine
+from onceflow.jobs.sources.reader import open_source
+from onceflow.orchestration.checkout import PROJECT_ROOT
+from onceflow.orchestration.deployments import resources_for
+from onceflow.orchestration.pipelines import load_pipelines
+from onceflow.resources.emulators.bigquery import (
+    BigQueryEmulator,
+    BigQueryEmulatorUnavailable,
+    start_bigquery_emulator,
+)
+from onceflow.resources.emulators.gcs import start_gcs_emulator
+from onceflow.resources.emulators.postgres import PostgresServer, start_postgres
+from onceflow.resources.emulators.pubsub import PubSubEmulator, start_pubsub_emulator
+from onceflow.resources.lake import LakeResource
+from onceflow.resources.processes import stop_process_group
+from onceflow.resources.settings import load_settings
+from onceflow.resources.spark import build_spark_session
+from onceflow.resources.spark_cluster import SparkCluster, start_spark_cluster
+from onceflow.resources.spark_connect import SparkConnectServer, start_engine
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # Deployment profiles (DESIGN §11): the Spark, the lake and Dagster's storage a stack runs on.
 PROFILES: dict[str, dict[str, str]] = {
     "local": {"spark": "local", "lake": "local", "dagster_storage": "sqlite"},

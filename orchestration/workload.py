@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
 
-from jobs.panes import Window
-from resources.pubsub import PubSubClient
+from onceflow.jobs.windows.panes import Window
+from onceflow.resources.pubsub import PubSubClient
 
 
 @dataclass(frozen=True)
@@ -201,7 +201,7 @@ class Publisher(Worker):
 
 
 def _key(time_ms: int) -> str:
-    from jobs.panes import Window
+    from onceflow.jobs.windows.panes import Window
 
     return Window.at(time_ms, 60).key
 

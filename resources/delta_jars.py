@@ -15,7 +15,7 @@ import urllib.request
 from importlib.metadata import version
 from pathlib import Path
 
-from resources.settings import load_settings
+from onceflow.resources.settings import load_settings
 
 MAVEN_CENTRAL = "https://repo1.maven.org/maven2"
 SCALA_BINARY = "2.13"

@@ -1,5 +1,5 @@
 """delta-rs's view of a Delta table at a local path or a `gs://` URI: the one place that gives it the storage
-options its scheme needs (`resources.gcs`); and pyarrow's, for reading the table's files directly."""
+options its scheme needs (`onceflow.resources.gcs`); and pyarrow's, for reading the table's files directly."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from urllib.parse import urlsplit
 import pyarrow.fs as pafs
 from deltalake import DeltaTable
 
-from resources.gcs import delta_rs_gcs_options, is_gcs
-from resources.settings import load_settings
+from onceflow.resources.gcs import delta_rs_gcs_options, is_gcs
+from onceflow.resources.settings import load_settings
 
 
 def storage_options(uri: str) -> dict[str, str] | None:
@@ -24,7 +24,7 @@ def delta_table(uri: str, version: int | None = None) -> DeltaTable:
 
 def table_files(uri: str) -> tuple[pafs.FileSystem, str]:
     """A file system holding the files of the table at `uri`, and the table's root in it: to read the Delta log's
-    commit files and data files directly (`jobs.log_ids`), on local disk or GCS alike."""
+    commit files and data files directly (`onceflow.jobs.dedup.log_ids`), on local disk or GCS alike."""
     uri = uri.rstrip("/")
     if not is_gcs(uri):
         return pafs.LocalFileSystem(), uri.removeprefix("file://")

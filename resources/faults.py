@@ -11,20 +11,10 @@ import os
 import sys
 from collections import Counter
 
+from onceflow.resources.settings import CRASH_POINTS as POINTS
+from onceflow.resources.settings import load_settings
+
 CRASH_EXIT_CODE = 86
-POINTS = frozenset(
-    {
-        "watermark.after_drain",
-        "land.before_persist",
-        "land.after_persist",
-        "ingest.after_dead_letters",
-        "ingest.after_merge",
-        "window.after_close",
-        "window.after_merge",
-        "commit.after_write_sequence",
-        "commit.after_step",
-    }
-)
 _reached: Counter[str] = Counter()
 
 
@@ -32,8 +22,6 @@ def crash_point(point: str) -> None:
     """Exit at once if `ONCEFLOW_CRASH_AT` names this point (and this is the k-th time it is reached)."""
     if point not in POINTS:
         raise ValueError(f"unknown crash point {point!r}")
-    from resources.settings import load_settings  # settings validate point names against POINTS, defined here
-
     wanted = load_settings().crash_at
     if not wanted:
         return

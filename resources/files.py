@@ -9,9 +9,17 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
-from resources.checkpoint import FileEntry
+
+@dataclass(frozen=True)
+class FileEntry:
+    """A file as it was when a batch took it: a later change to it is detected, never silently re-read."""
+
+    path: str
+    size: int
+    sha256: str
 
 
 class FileChangedError(RuntimeError):

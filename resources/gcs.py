@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from resources.settings import load_settings
+from onceflow.resources.settings import load_settings
 
 MIB = 1 << 20
 # Hadoop's defaults for these keys are sizes like "64m", which the connector reads as plain numbers (and fails):

@@ -10,7 +10,7 @@ import re
 
 import dagster as dg
 
-from resources.object_store import ObjectStore, open_store
+from onceflow.resources.object_store import ObjectStore, open_store
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*(/[a-z][a-z0-9_]*)*$")
 
@@ -27,7 +27,7 @@ class LakeResource(dg.ConfigurableResource):
 
     home: str
     id_filters: bool = True
-    """The dedup fast path (`jobs.id_filters`): Bloom filters of committed IDs under `<home>/filters`. Off, every
+    """The dedup fast path (`onceflow.jobs.dedup.id_filters`): Bloom filters of committed IDs under `<home>/filters`. Off, every
     batch looks its IDs up in the whole dedup horizon of the raw table."""
 
     def table_path(self, name: str) -> str:

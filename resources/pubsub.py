@@ -21,7 +21,7 @@ from google.cloud import pubsub_v1
 from google.pubsub_v1.services.publisher.transports import PublisherGrpcTransport
 from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
 
-from resources.pubsub_pull import CONFIRMING, FLOWING, SHORT, PullBounds, pull_concurrently
+from onceflow.resources.pubsub_pull import CONFIRMING, FLOWING, SHORT, PullBounds, pull_concurrently
 
 # The emulator answers an empty pull about 1 s before the client timeout; a short timeout keeps polling quick.
 # Once a pull came back short, later ones wait less, but not under 1.5 s: a pull among several in flight on a busy
@@ -134,7 +134,7 @@ class PubSubClient:
         timeout_s: float = EMPTY_PULL_TIMEOUT_S,
     ) -> list[PulledMessage]:
         """Pull with `bounds.streams` requests in flight until a bound is reached or the subscription is drained
-        (`resources.pubsub_pull`); what came beyond the bounds goes straight back to the subscription. Each pull
+        (`onceflow.resources.pubsub_pull`); what came beyond the bounds goes straight back to the subscription. Each pull
         waits up to `timeout_s`, or less once one came back short."""
         timeouts = {FLOWING: timeout_s, SHORT: min(timeout_s, DRAINED_PULL_TIMEOUT_S), CONFIRMING: CONFIRM_PULL_TIMEOUT_S}
 

@@ -16,9 +16,21 @@ from typing import Annotated, Literal
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from resources.faults import POINTS
-
 PREFIX = "ONCEFLOW_"
+# The named points `ONCEFLOW_CRASH_AT` may name (`onceflow.resources.faults` crashes there).
+CRASH_POINTS = frozenset(
+    {
+        "watermark.after_drain",
+        "land.before_persist",
+        "land.after_persist",
+        "ingest.after_dead_letters",
+        "ingest.after_merge",
+        "window.after_close",
+        "window.after_merge",
+        "commit.after_write_sequence",
+        "commit.after_step",
+    }
+)
 SUPPORTED_HOMES = "ONCEFLOW_HOME must be a local path or gs://bucket[/prefix] (Google Cloud Storage)"
 
 
@@ -37,7 +49,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=PREFIX, extra="ignore", frozen=True)
 
     deployment: Literal["local", "prod"] = Field(
-        default="local", description="Which resources the code location gets (orchestration/resources.py)."
+        default="local", description="Which resources the code location gets (`onceflow.orchestration.deployments`)."
     )
     home: str = Field(
         default=".onceflow",
@@ -51,7 +63,7 @@ class Settings(BaseSettings):
 
     spark_master: str = Field(
         default="local[2]", description="`local[N]`, `spark://host:port`, `k8s://...` or `yarn`; small-machine tuning "
-        "(resources.spark) on `local` only."
+        "(onceflow.resources.spark) on `local` only."
     )
     spark_remote: str | None = None
     spark_ui: bool = False
@@ -113,8 +125,8 @@ class Settings(BaseSettings):
     def _known_point(cls, value: str | None) -> str | None:
         if value:
             point, _, nth = value.partition("#")
-            if point not in POINTS or (nth and not nth.isdigit()):
-                raise ValueError(f"unknown crash point {value!r} (points: {', '.join(sorted(POINTS))}; `#k` optional)")
+            if point not in CRASH_POINTS or (nth and not nth.isdigit()):
+                raise ValueError(f"unknown crash point {value!r} (points: {', '.join(sorted(CRASH_POINTS))}; `#k` optional)")
         return value or None
 
     @field_validator("spark_master")

@@ -13,10 +13,10 @@ import dagster as dg
 from pydantic import Field
 from pyspark.sql import SparkSession
 
-from resources.delta_jars import ensure_delta_jars, ensure_gcs_connector_jar
-from resources.gcs import hadoop_gcs_conf, spark_gcs_conf
-from resources.settings import load_settings
-from resources.spark_functions import ensure_spark_functions_jar
+from onceflow.resources.delta_jars import ensure_delta_jars, ensure_gcs_connector_jar
+from onceflow.resources.gcs import hadoop_gcs_conf, spark_gcs_conf
+from onceflow.resources.settings import load_settings
+from onceflow.resources.spark_functions import ensure_spark_functions_jar
 
 # Tuning for a `local` master on a small machine; a cluster keeps Spark's defaults (and the user's settings).
 # Delta reconstructs table state with this many tasks; its default of 50 costs seconds per command on 2 cores.

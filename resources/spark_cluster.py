@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pyspark
 
-from resources.processes import stop_process_group
+from onceflow.resources.processes import stop_process_group
 
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"

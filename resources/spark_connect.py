@@ -17,11 +17,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from resources.processes import stop_process_group
-from resources.pubsub_emulator import free_port
-from resources.settings import Settings
-from resources.spark import engine_conf, engine_jars
-from resources.spark_cluster import spark_env, spark_home
+from onceflow.resources.emulators.pubsub import free_port
+from onceflow.resources.processes import stop_process_group
+from onceflow.resources.settings import Settings
+from onceflow.resources.spark import engine_conf, engine_jars
+from onceflow.resources.spark_cluster import spark_env, spark_home
 
 
 @dataclass
@@ -48,7 +48,7 @@ def start_spark_connect_server(
     jars: Sequence[str] = (),
 ) -> SparkConnectServer:
     """Start a Delta-enabled Spark Connect server on 127.0.0.1 driving `master` (with the user's extra `conf` and
-    `jars`, see `resources.spark`) and wait until it accepts connections."""
+    `jars`, see `onceflow.resources.spark`) and wait until it accepts connections."""
     port = port or free_port()
     conf = {
         "spark.ui.enabled": "false",

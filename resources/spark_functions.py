@@ -1,4 +1,4 @@
-"""onceflow's own Spark functions (the Java sources in `jobs/jvm/`), compiled into a jar once per machine.
+"""onceflow's own Spark functions (Java beside the Python of the stages under `jobs/` that use them), compiled into a jar once a machine.
 
 The jar is cached beside the Delta jars, named by a hash of its sources and of the Spark it is compiled against, so
 a changed source or a new Spark builds a new jar and a checkout never runs another checkout's classes. It is
@@ -22,9 +22,10 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
-from resources.delta_jars import jar_cache_dir
+from onceflow.resources.delta_jars import jar_cache_dir
 
-SOURCES = Path(__file__).resolve().parent.parent / "jobs" / "jvm"
+# Installed or in a checkout, `jobs` sits beside `resources`; each stage keeps its own Java beside its Python.
+SOURCES = Path(__file__).resolve().parent.parent / "jobs"
 
 
 SQL_FUNCTIONS = {"onceflow_not_among": ("io.onceflow.NotAmong", T.BooleanType())}
@@ -60,7 +61,7 @@ def register_spark_functions(spark: SparkSession) -> None:
 
 def ensure_spark_functions_jar(cache_dir: Path | None = None) -> Path:
     """Return the path of the jar of onceflow's Spark functions, building it first if it is not cached."""
-    sources = sorted(SOURCES.glob("*.java"))
+    sources = sorted(SOURCES.glob("*/*.java"))
     digest = hashlib.sha256(pyspark.__version__.encode())
     for source in sources:
         digest.update(source.name.encode() + b"\0" + source.read_bytes())

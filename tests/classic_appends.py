@@ -15,17 +15,17 @@ from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-import jobs.delta_txn as delta_txn
-from jobs.commit_log import committed_metrics
-from jobs.delta_txn import (
+import onceflow.jobs.delta.transactions as delta_txn
+from onceflow.jobs.declare.schema import parse_schema
+from onceflow.jobs.delta.commit_log import committed_metrics
+from onceflow.jobs.delta.transactions import (
     append_once,
     begin_append,
     create_table_once,
     is_concurrent_commit,
     table_properties,
 )
-from jobs.schema import parse_schema
-from resources.spark import build_spark_session
+from onceflow.resources.spark import build_spark_session
 
 
 def rows(spark: SparkSession, start: int, end: int) -> DataFrame:

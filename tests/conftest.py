@@ -19,12 +19,16 @@ import pytest
 from google.cloud import bigquery
 from pyspark.sql import SparkSession
 
-from resources.bigquery_emulator import BigQueryEmulator, BigQueryEmulatorUnavailable, start_bigquery_emulator
-from resources.gcs_emulator import GcsEmulator, start_gcs_emulator
-from resources.pubsub_emulator import PubSubEmulator, start_pubsub_emulator
-from resources.spark import build_spark_session
-from resources.spark_cluster import SparkCluster, start_spark_cluster
-from resources.spark_connect import SparkConnectServer, start_spark_connect_server
+from onceflow.resources.emulators.bigquery import (
+    BigQueryEmulator,
+    BigQueryEmulatorUnavailable,
+    start_bigquery_emulator,
+)
+from onceflow.resources.emulators.gcs import GcsEmulator, start_gcs_emulator
+from onceflow.resources.emulators.pubsub import PubSubEmulator, start_pubsub_emulator
+from onceflow.resources.spark import build_spark_session
+from onceflow.resources.spark_cluster import SparkCluster, start_spark_cluster
+from onceflow.resources.spark_connect import SparkConnectServer, start_spark_connect_server
 
 S = TypeVar("S", PubSubEmulator, SparkConnectServer, BigQueryEmulator, GcsEmulator)
 IN_CI = os.environ.get("CI", "").lower() == "true"

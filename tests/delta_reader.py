@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from resources.delta_storage import delta_table
+from onceflow.resources.delta_storage import delta_table
 
 
 def read_rows(path: str, columns: list[str], version: int | None = None) -> list[tuple[Any, ...]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from resources.gcs_shim import Answer, LoopbackProxy
+from onceflow.resources.emulators.gcs_shim import Answer, LoopbackProxy
 
 
 class LossyProxy(LoopbackProxy):

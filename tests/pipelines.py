@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from jobs.declaration import FileSink, Pipeline, PubSubSource, WindowedOutput
-from jobs.micro_batch import run_micro_batch
-from jobs.source_reader import SourceRuntime, open_source
-from orchestration.pipelines import load_pipelines, resolve
-from orchestration.pipelines.events import SCHEMA, event_counts
-from resources.lake import LakeResource
-from resources.pubsub import PubSubClient
-from resources.settings import load_settings
+from onceflow.jobs.declare.declaration import FileSink, Pipeline, PubSubSource, WindowedOutput
+from onceflow.jobs.ingest.micro_batch import run_micro_batch
+from onceflow.jobs.sources.reader import SourceRuntime, open_source
+from onceflow.orchestration.pipelines import load_pipelines, resolve
+from onceflow.orchestration.pipelines.events import SCHEMA, event_counts
+from onceflow.resources.lake import LakeResource
+from onceflow.resources.pubsub import PubSubClient
+from onceflow.resources.settings import load_settings
 
 TOPIC, SUBSCRIPTION, TRACKING = "onceflow-events", "onceflow-events-sub", "onceflow-events-tracking"
 
@@ -107,7 +107,7 @@ def dagster_micro_batch(
     home: str, crash_at: str | None, pipeline: str = "events", dagster_home: str | None = None, **settings: str
 ) -> subprocess.CompletedProcess[str]:
     """`dagster job execute -j ingest_<pipeline>`."""
-    args = ["job", "execute", "-m", "orchestration.definitions", "-j", f"ingest_{pipeline}"]
+    args = ["job", "execute", "-m", "onceflow.orchestration.definitions", "-j", f"ingest_{pipeline}"]
     return dagster_cli(args, home, crash_at, dagster_home, **settings)
 
 
@@ -118,7 +118,7 @@ def dagster_materialize(
     """`dagster asset materialize --select <asset> --partition K` (or `--partition-range A...B`)."""
     flag = "--partition-range" if "..." in partition else "--partition"
     return dagster_cli(
-        ["asset", "materialize", "-m", "orchestration.definitions", "--select", asset, flag, partition],
+        ["asset", "materialize", "-m", "onceflow.orchestration.definitions", "--select", asset, flag, partition],
         home,
         crash_at,
         dagster_home,

@@ -12,8 +12,13 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
-from orchestration.local_stack import INSTANCE_CONFIGS
-from resources.postgres_server import PostgresServer, PostgresUnavailable, ensure_postgres, start_postgres
+from onceflow.orchestration.local_stack import INSTANCE_CONFIGS
+from onceflow.resources.emulators.postgres import (
+    PostgresServer,
+    PostgresUnavailable,
+    ensure_postgres,
+    start_postgres,
+)
 from tests.conftest import require
 
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from jobs.backlog import BacklogUnknown, CloudMonitoringBacklogProbe
-from jobs.tracking import TrackingSample
-from jobs.watermark import PubSubWatermark
+from onceflow.jobs.sources.backlog import BacklogUnknown, CloudMonitoringBacklogProbe
+from onceflow.jobs.sources.tracking import TrackingSample
+from onceflow.jobs.sources.watermark import PubSubWatermark
 
 T0 = 1_763_720_000_000
 BAND = 10_000

@@ -14,7 +14,7 @@ from google.api_core.exceptions import Conflict
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import bigquery
 
-from resources.bigquery_emulator import (
+from onceflow.resources.emulators.bigquery import (
     BigQueryEmulator,
     ensure_bigquery_emulator_env,
     start_bigquery_emulator,

@@ -14,16 +14,16 @@ import dagster as dg
 import pytest
 from pyspark.sql import SparkSession
 
-from jobs.micro_batch import run_micro_batch
-from jobs.reconcile import landed_records, reconcile_source
-from jobs.source_reader import open_source
-from orchestration.micro_batch_sensor import build_micro_batch_sensor
-from orchestration.window_sensor import build_window_sensor
-from orchestration.workload import expected_raw, make_events, publish_events
-from resources.checkpoint import EpochStore
-from resources.lake import LakeResource
-from resources.pubsub import PubSubResource
-from resources.pubsub_emulator import PubSubEmulator
+from onceflow.jobs.ingest.micro_batch import run_micro_batch
+from onceflow.jobs.sources.checkpoint import EpochStore
+from onceflow.jobs.sources.reader import open_source
+from onceflow.jobs.verify.reconcile import landed_records, reconcile_source
+from onceflow.orchestration.sensors.micro_batch import build_micro_batch_sensor
+from onceflow.orchestration.sensors.window import build_window_sensor
+from onceflow.orchestration.workload import expected_raw, make_events, publish_events
+from onceflow.resources.emulators.pubsub import PubSubEmulator
+from onceflow.resources.lake import LakeResource
+from onceflow.resources.pubsub import PubSubResource
 from tests.delta_reader import read_rows, transaction_version
 from tests.pipelines import (
     TOPIC,
@@ -130,7 +130,7 @@ def test_a_reset_starts_a_new_epoch_with_a_new_app_id(
     before = drain(lambda: spark, open_source(builtin("events"), lake))
     assert [r.batch_id for r in before] == [1, 2]
 
-    reset = subprocess.run([sys.executable, "-m", "orchestration.cli", "reset", "events"], capture_output=True,
+    reset = subprocess.run([sys.executable, "-m", "onceflow", "reset", "events"], capture_output=True,
                            text=True, timeout=120)
     assert reset.returncode == 0, reset.stderr
     assert "epoch 1 started; its source now commits as events/files@1, from batch 3" in reset.stdout

@@ -20,14 +20,14 @@ import dagster as dg
 import pytest
 from google.cloud import bigquery
 
-from assets.commits_check import COMMITS_NOT_QUARANTINED
-from jobs.commit_steps import FileFinalize
-from jobs.finalize_job import FINALIZE_JOB, SEQUENCE_TAG, finalize_run_config
-from jobs.publish import BigQueryTarget
-from orchestration.commit_sensor import build_commit_sensor
-from orchestration.definitions import build_definitions
-from resources.commit_store import DONE, PENDING, QUARANTINED
-from resources.spark_connect import SparkConnectServer
+from onceflow.assets.commits_check import COMMITS_NOT_QUARANTINED
+from onceflow.jobs.finalize_job import FINALIZE_JOB, SEQUENCE_TAG, finalize_run_config
+from onceflow.jobs.publish.commit_store import DONE, PENDING, QUARANTINED
+from onceflow.jobs.publish.pane_sequence import BigQueryTarget
+from onceflow.jobs.publish.sequence import FileFinalize
+from onceflow.orchestration.definitions import definitions
+from onceflow.orchestration.sensors.commit import build_commit_sensor
+from onceflow.resources.spark_connect import SparkConnectServer
 from tests.test_commit_steps import (
     ASSET,
     STEP_COUNT,
@@ -90,7 +90,7 @@ def retrying_instance(tmp_path: Path) -> Iterator[dg.DagsterInstance]:
 
 def evaluate(instance: dg.DagsterInstance, home: Path, cursor: str | None = None):
     """One tick as the daemon evaluates it, run requests resolved against the sensor's target."""
-    from resources.lake import LakeResource
+    from onceflow.resources.lake import LakeResource
 
     sensor = build_commit_sensor([ASSET])
     context = dg.build_sensor_context(instance=instance, cursor=cursor, resources={"lake": LakeResource(home=str(home))})
@@ -99,7 +99,7 @@ def evaluate(instance: dg.DagsterInstance, home: Path, cursor: str | None = None
 
 def execute(instance: dg.DagsterInstance, request: dg.RunRequest) -> dg.ExecuteInProcessResult:
     """Run what the sensor requested, as the daemon would, on the same instance (in this process)."""
-    job = build_definitions().get_job_def(FINALIZE_JOB)
+    job = definitions().get_job_def(FINALIZE_JOB)
     tags = {**request.tags, "dagster/run_key": request.run_key or ""}
     return job.execute_in_process(run_config=request.run_config, instance=instance, tags=tags, raise_on_error=False)
 
@@ -238,14 +238,14 @@ def test_a_step_that_always_fails_is_quarantined_then_rearmed_and_completes(
     assert quarantine_checks(result) == [(False, [sequence.id])]
     assert store.quarantined() == [sequence.id]
     status = subprocess.run(
-        [sys.executable, "-m", "orchestration.cli", "commits", "list"], cwd=REPO, capture_output=True, text=True
+        [sys.executable, "-m", "onceflow", "commits", "list"], cwd=REPO, capture_output=True, text=True
     )
     assert f"{sequence.id}  quarantined" in status.stdout and "FileNotFoundError" in status.stdout
     assert quarantine_checks(evaluate(instance, home, result.cursor)) == []  # reported on change only
 
     aside.rename(temp)  # the operator fixes the cause ...
     rearm = subprocess.run(
-        [sys.executable, "-m", "orchestration.cli", "commits", "retry", sequence.id],
+        [sys.executable, "-m", "onceflow", "commits", "retry", sequence.id],
         cwd=REPO, capture_output=True, text=True,
     )
     assert rearm.returncode == 0, rearm.stdout + rearm.stderr  # ... and re-arms it

@@ -23,9 +23,10 @@ import pytest
 from google.api_core.exceptions import NotFound
 from google.cloud import bigquery
 
-from jobs.bigquery_load import BigQueryLoad
-from jobs.commit_step import CommitContext, sha256_hex
-from jobs.commit_steps import (
+from onceflow.jobs.publish.bigquery_load import BigQueryLoad
+from onceflow.jobs.publish.commit_store import DONE, FAILED, PENDING, QUARANTINED, CommitStore
+from onceflow.jobs.publish.pane_sequence import BigQueryTarget, PublishedPane, publish_pane
+from onceflow.jobs.publish.sequence import (
     CommitSequence,
     FileFinalize,
     HighWatermark,
@@ -33,12 +34,11 @@ from jobs.commit_steps import (
     sequence_id,
     step_from_dict,
 )
-from jobs.panes import Window
-from jobs.publish import BigQueryTarget, PublishedPane, publish_pane
-from resources.bigquery_emulator import BigQueryEmulator
-from resources.commit_store import DONE, FAILED, PENDING, QUARANTINED, CommitStore
-from resources.faults import CRASH_EXIT_CODE
-from resources.object_store import LocalStore
+from onceflow.jobs.publish.step import CommitContext, sha256_hex
+from onceflow.jobs.windows.panes import Window
+from onceflow.resources.emulators.bigquery import BigQueryEmulator
+from onceflow.resources.faults import CRASH_EXIT_CODE
+from onceflow.resources.object_store import LocalStore
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[1]
@@ -160,10 +160,10 @@ CHILD = """
 import sys
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import bigquery
-from jobs.commit_step import CommitContext
-from jobs.commit_steps import run_sequence
-from resources.commit_store import CommitStore
-from resources.object_store import LocalStore
+from onceflow.jobs.publish.step import CommitContext
+from onceflow.jobs.publish.sequence import run_sequence
+from onceflow.jobs.publish.commit_store import CommitStore
+from onceflow.resources.object_store import LocalStore
 
 commits, endpoint, sequence_id, run_id = sys.argv[1:]
 clients = lambda project: bigquery.Client(
@@ -175,10 +175,10 @@ CHILD_PUBLISH = """
 import json, sys
 from datetime import UTC, datetime
 from decimal import Decimal
-from jobs.publish import BigQueryTarget, publish_pane
-from jobs.panes import Window
-from resources.commit_store import CommitStore
-from resources.object_store import LocalStore
+from onceflow.jobs.publish.pane_sequence import BigQueryTarget, publish_pane
+from onceflow.jobs.windows.panes import Window
+from onceflow.jobs.publish.commit_store import CommitStore
+from onceflow.resources.object_store import LocalStore
 
 home, spec = sys.argv[1:]
 spec = json.loads(spec)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from resources.commit_store import (
+from onceflow.jobs.publish.commit_store import (
     DONE,
     FAILED,
     PENDING,
@@ -17,7 +17,7 @@ from resources.commit_store import (
     SequenceClosed,
     SequenceRecord,
 )
-from resources.object_store import LocalStore
+from onceflow.resources.object_store import LocalStore
 
 SEQ = "event_counts:2026-11-21-10:05:pane-1"
 STEPS = ({"kind": "a", "x": 1}, {"kind": "b"}, {"kind": "c", "y": [1, 2]})

@@ -16,13 +16,14 @@ import pytest
 from dagster._core.test_utils import create_run_for_test
 from pyspark.sql import SparkSession
 
-from jobs import batch_commit, ingest
-from jobs.micro_batch import run_micro_batch
-from jobs.run_worker import worker_tags
-from jobs.source_reader import SourceRuntime, open_source
-from orchestration.workload import expected_raw, make_events
-from resources.checkpoint import EpochStore
-from resources.lake import LakeResource
+from onceflow.jobs.ingest import batch_commit
+from onceflow.jobs.ingest import batch_ingest as ingest
+from onceflow.jobs.ingest.micro_batch import run_micro_batch
+from onceflow.jobs.run_worker import worker_tags
+from onceflow.jobs.sources.checkpoint import EpochStore
+from onceflow.jobs.sources.reader import SourceRuntime, open_source
+from onceflow.orchestration.workload import expected_raw, make_events
+from onceflow.resources.lake import LakeResource
 from tests.delta_reader import read_rows
 from tests.pipelines import builtin, events_from_files
 from tests.test_ingest_files import write_jsonl
@@ -140,7 +141,7 @@ def test_reset_refuses_while_a_micro_batch_run_is_in_flight(
     epochs = EpochStore(LakeResource(home=str(home)).epochs())
 
     def reset() -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "orchestration.cli", "reset", "events"], capture_output=True,
+        return subprocess.run([sys.executable, "-m", "onceflow", "reset", "events"], capture_output=True,
                               text=True, timeout=120)
 
     with dg.DagsterInstance.get() as instance:

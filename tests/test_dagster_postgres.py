@@ -14,13 +14,19 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from jobs.source_reader import open_source
-from orchestration.local_stack import LocalStack, local_stack
-from orchestration.pipelines import load_pipelines
-from orchestration.resources import resources_for
-from orchestration.workload import Event, expected_raw, make_events, publish_events, with_publisher_retries
-from resources.settings import load_settings
-from resources.spark_connect import SparkConnectServer
+from onceflow.jobs.sources.reader import open_source
+from onceflow.orchestration.deployments import resources_for
+from onceflow.orchestration.local_stack import LocalStack, local_stack
+from onceflow.orchestration.pipelines import load_pipelines
+from onceflow.orchestration.workload import (
+    Event,
+    expected_raw,
+    make_events,
+    publish_events,
+    with_publisher_retries,
+)
+from onceflow.resources.settings import load_settings
+from onceflow.resources.spark_connect import SparkConnectServer
 from tests.conftest import require
 from tests.delta_reader import read_rows
 from tests.postgres import query, require_postgres

@@ -9,10 +9,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import types as T
 
-from jobs.durations import check_window_size, parse_duration, window_cron
-from jobs.schema import SchemaError, parse_schema
-from jobs.sink_types import sink_type
-from orchestration.api import (
+from onceflow import (
     BigQuerySink,
     DeclarationError,
     FileSink,
@@ -21,9 +18,12 @@ from orchestration.api import (
     PubSubSource,
     WindowedOutput,
 )
-from orchestration.pipelines import load_pipelines
-from orchestration.pipelines.transform_check import check_transform_output
-from resources.settings import SettingsError, load_settings
+from onceflow.jobs.declare.durations import check_window_size, parse_duration, window_cron
+from onceflow.jobs.declare.schema import SchemaError, parse_schema
+from onceflow.jobs.publish.sink_types import sink_type
+from onceflow.orchestration.pipelines import load_pipelines
+from onceflow.orchestration.pipelines.transform_check import check_transform_output
+from onceflow.resources.settings import SettingsError, load_settings
 
 
 def same(records):  # a transform for declarations that are never run

@@ -10,15 +10,15 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from orchestration.definitions import build_definitions
-from resources.spark_connect import SparkConnectServer
+from onceflow.orchestration.definitions import definitions
+from onceflow.resources.spark_connect import SparkConnectServer
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
 def defs(spark_connect: SparkConnectServer, home: Path) -> dg.Definitions:
-    return build_definitions()
+    return definitions()
 
 
 def test_definitions_have_the_reference_pipeline(defs: dg.Definitions) -> None:
@@ -114,7 +114,7 @@ def test_a_bad_declaration_or_setting_fails_the_code_location_load(
         "ONCEFLOW_BIGQUERY_DATASET": "sales", **settings,
     }
     result = subprocess.run(
-        [sys.executable, "-m", "dagster", "definitions", "validate", "-m", "orchestration.definitions"],
+        [sys.executable, "-m", "dagster", "definitions", "validate", "-m", "onceflow.orchestration.definitions"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
     )
     assert result.returncode != 0

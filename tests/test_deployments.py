@@ -8,17 +8,17 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from orchestration.definitions import build_definitions
-from orchestration.resources import GCP_CREDENTIALS_VARIABLE
-from resources.settings import SettingsError
-from resources.spark_connect import SparkConnectServer
+from onceflow.orchestration.definitions import definitions
+from onceflow.orchestration.deployments import GCP_CREDENTIALS_VARIABLE
+from onceflow.resources.settings import SettingsError
+from onceflow.resources.spark_connect import SparkConnectServer
 
 SECRET = "c2VydmljZS1hY2NvdW50LWtleQ=="  # base64 of a (fake) service-account key
 
 
 def load(monkeypatch: pytest.MonkeyPatch, deployment: str) -> dg.Definitions:
     monkeypatch.setenv("ONCEFLOW_DEPLOYMENT", deployment)
-    defs = build_definitions()
+    defs = definitions()
     dg.Definitions.validate_loadable(defs)
     return defs
 
@@ -72,10 +72,10 @@ def test_prod_refuses_emulators_and_an_unnamed_project(
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("ONCEFLOW_DEPLOYMENT", "prod")
     with pytest.raises(SettingsError, match=message):
-        build_definitions()
+        definitions()
 
 
 def test_an_unknown_deployment_is_refused_naming_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ONCEFLOW_DEPLOYMENT", "staging")
     with pytest.raises(SettingsError, match="ONCEFLOW_DEPLOYMENT='staging'"):
-        build_definitions()
+        definitions()

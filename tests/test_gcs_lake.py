@@ -12,21 +12,21 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from jobs.commit_step import CommitContext
-from jobs.id_filter_store import IdFilterStore
-from jobs.micro_batch import run_micro_batch
-from jobs.panes import CloseStore, Window
-from jobs.sinks import output_sinks, publish_closed
-from jobs.source_reader import open_source, source_watermark_ms
-from jobs.windows import materialize_windows
-from orchestration.workload import expected_raw, make_events, publish_events, with_publisher_retries
-from resources.commit_store import CommitStore
-from resources.gcs_emulator import GcsEmulator
-from resources.lake import LakeResource
-from resources.object_store import GcsStore
-from resources.pubsub_emulator import PubSubEmulator
-from resources.settings import SettingsError, load_settings
-from resources.spark import with_gcs_settings
+from onceflow.jobs.dedup.filter_store import IdFilterStore
+from onceflow.jobs.ingest.micro_batch import run_micro_batch
+from onceflow.jobs.publish.commit_store import CommitStore
+from onceflow.jobs.publish.sinks import output_sinks, publish_closed
+from onceflow.jobs.publish.step import CommitContext
+from onceflow.jobs.sources.reader import open_source, source_watermark_ms
+from onceflow.jobs.windows.panes import CloseStore, Window
+from onceflow.jobs.windows.transform import materialize_windows
+from onceflow.orchestration.workload import expected_raw, make_events, publish_events, with_publisher_retries
+from onceflow.resources.emulators.gcs import GcsEmulator
+from onceflow.resources.emulators.pubsub import PubSubEmulator
+from onceflow.resources.lake import LakeResource
+from onceflow.resources.object_store import GcsStore
+from onceflow.resources.settings import SettingsError, load_settings
+from onceflow.resources.spark import with_gcs_settings
 from tests.delta_reader import read_rows
 from tests.pipelines import TOPIC, builtin, drain, events_from_files, events_pipeline, new_project, setup
 from tests.test_windows import WINDOW_ROWS, expected_rows, five_window_workload, minute_base, write_events

@@ -17,15 +17,15 @@ from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import CommitProperties
 from google.cloud import storage
 
-from jobs.commit_step import CommitContext
-from jobs.commit_steps import run_sequence
-from jobs.panes import Window
-from jobs.publish import publish_pane
-from resources.checkpoint import CheckpointStore
-from resources.commit_store import DONE, CommitStore
-from resources.delta_storage import delta_table, storage_options
-from resources.gcs_emulator import GcsEmulator
-from resources.object_store import GcsStore
+from onceflow.jobs.publish.commit_store import DONE, CommitStore
+from onceflow.jobs.publish.pane_sequence import publish_pane
+from onceflow.jobs.publish.sequence import run_sequence
+from onceflow.jobs.publish.step import CommitContext
+from onceflow.jobs.sources.checkpoint import CheckpointStore
+from onceflow.jobs.windows.panes import Window
+from onceflow.resources.delta_storage import delta_table, storage_options
+from onceflow.resources.emulators.gcs import GcsEmulator
+from onceflow.resources.object_store import GcsStore
 from tests.gcs import LossyProxy
 
 SCHEMA = [("window_start", "TIMESTAMP"), ("key", "STRING"), ("count", "INT64"), ("sum_value", "NUMERIC"),

@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 from pyspark.sql import SparkSession
 
-from jobs import id_filter_store
-from jobs.id_filter_store import IdFilterStore
-from jobs.id_filters import BucketFilter, id_hashes
-from jobs.micro_batch import run_micro_batch
-from jobs.source_reader import SourceRuntime, open_source
-from orchestration.workload import Event, expected_raw, make_events
-from resources.lake import LakeResource
+from onceflow.jobs.dedup import filter_store as id_filter_store
+from onceflow.jobs.dedup.filter_store import IdFilterStore
+from onceflow.jobs.dedup.id_filters import BucketFilter, id_hashes
+from onceflow.jobs.ingest.micro_batch import run_micro_batch
+from onceflow.jobs.sources.reader import SourceRuntime, open_source
+from onceflow.orchestration.workload import Event, expected_raw, make_events
+from onceflow.resources.lake import LakeResource
 from tests.delta_reader import read_rows
 from tests.pipelines import builtin, events_from_files
 
@@ -224,7 +224,7 @@ def test_ids_kept_per_commit_belong_to_that_very_table(tmp_path: Path) -> None:
     import pyarrow as pa
     from deltalake import DeltaTable, write_deltalake
 
-    from jobs.log_ids import recent_ids
+    from onceflow.jobs.dedup.log_ids import recent_ids
 
     path = tmp_path / "raw"
 

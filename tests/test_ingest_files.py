@@ -14,13 +14,13 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 
-from jobs.commit_log import committed_batch
-from jobs.declaration import Pipeline
-from jobs.micro_batch import run_micro_batch
-from jobs.source_reader import SourceRuntime, open_source
-from orchestration.workload import Event, expected_raw, make_events
-from resources.files import FileChangedError
-from resources.lake import LakeResource
+from onceflow.jobs.declare.declaration import Pipeline
+from onceflow.jobs.delta.commit_log import committed_batch
+from onceflow.jobs.ingest.micro_batch import run_micro_batch
+from onceflow.jobs.sources.reader import SourceRuntime, open_source
+from onceflow.orchestration.workload import Event, expected_raw, make_events
+from onceflow.resources.files import FileChangedError
+from onceflow.resources.lake import LakeResource
 from tests.delta_reader import read_rows
 from tests.pipelines import builtin, dagster_micro_batch, drain, events_from_files
 
@@ -82,7 +82,7 @@ def test_files_land_exactly_once_with_dead_letters(spark: SparkSession, incoming
     assert ("not_json", "payload is JSON ARRAY<OBJECT<event_id: STRING>>, not an object") in dead
     assert sum(r.received for r in results) == 310 + len(BAD_LINES)
     assert sum(r.duplicates for r in results) == 10 and all(r.balances() for r in results)
-    # Values unique to a record are stored plain: a Parquet dictionary of them only costs (resources.spark).
+    # Values unique to a record are stored plain: a Parquet dictionary of them only costs (onceflow.resources.spark).
     footer = pq.ParquetFile(next(Path(source.raw_path).rglob("*.parquet"))).metadata.row_group(0)
     dictionary = {footer.column(i).path_in_schema: "PLAIN_DICTIONARY" in footer.column(i).encodings
                   for i in range(footer.num_columns)}
@@ -221,6 +221,6 @@ def test_positions_are_exact_where_spark_splits_a_file(
     finally:
         spark.conf.unset("spark.sql.files.maxPartitionBytes")
 
-    # The driver's own reading of the same bytes (resources.files) is the reference.
+    # The driver's own reading of the same bytes (onceflow.resources.files) is the reference.
     assert sorted(landed) == sorted((row.position, row.data) for row in reader.landed_rows(plan))
     assert len(landed) == 302 + 36

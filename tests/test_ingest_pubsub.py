@@ -9,19 +9,19 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from jobs.ingest import ingest_batch
-from jobs.ingest_result import IngestResult
-from jobs.micro_batch import run_micro_batch
-from jobs.source_reader import SourceRuntime
-from orchestration.workload import (
+from onceflow.jobs.ingest.batch_ingest import ingest_batch
+from onceflow.jobs.ingest.micro_batch import run_micro_batch
+from onceflow.jobs.ingest.result import IngestResult
+from onceflow.jobs.sources.reader import SourceRuntime
+from onceflow.orchestration.workload import (
     MALFORMED,
     expected_raw,
     make_events,
     publish_events,
     with_publisher_retries,
 )
-from resources.object_store import LocalStore
-from resources.pubsub_emulator import PubSubEmulator
+from onceflow.resources.emulators.pubsub import PubSubEmulator
+from onceflow.resources.object_store import LocalStore
 from tests.delta_reader import read_rows, table_version, transaction_version
 from tests.pipelines import TOPIC, dagster_micro_batch, drain, events_pipeline, new_project, setup
 

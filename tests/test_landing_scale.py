@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from jobs.declaration import DeclarationError, PubSubSource
-from jobs.source_reader import SourceRuntime
-from orchestration.workload import expected_raw, make_events, publish_events, with_publisher_retries
-from resources.pubsub import PubSubClient, PulledMessage
-from resources.pubsub_emulator import PubSubEmulator
-from resources.settings import SettingsError, load_settings
+from onceflow.jobs.declare.declaration import DeclarationError, PubSubSource
+from onceflow.jobs.sources.reader import SourceRuntime
+from onceflow.orchestration.workload import expected_raw, make_events, publish_events, with_publisher_retries
+from onceflow.resources.emulators.pubsub import PubSubEmulator
+from onceflow.resources.pubsub import PubSubClient, PulledMessage
+from onceflow.resources.settings import SettingsError, load_settings
 from tests.delta_reader import read_rows
 from tests.pipelines import TOPIC, dagster_micro_batch, drain, events_pipeline, new_project, setup
 

@@ -11,12 +11,12 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
-from jobs.maintenance import PinnedInputExpired
-from jobs.panes import CloseStore, PaneClose, Window
-from jobs.source_reader import open_source
-from jobs.windows import materialize_windows
-from orchestration.workload import Event
-from resources.lake import LakeResource
+from onceflow.jobs.sources.reader import open_source
+from onceflow.jobs.windows.panes import CloseStore, PaneClose, Window
+from onceflow.jobs.windows.pinned_input import PinnedInputExpired
+from onceflow.jobs.windows.transform import materialize_windows
+from onceflow.orchestration.workload import Event
+from onceflow.resources.lake import LakeResource
 from tests.delta_reader import read_rows
 from tests.pipelines import dagster_cli, drain
 from tests.test_windows import WINDOW_ROWS, file_pipeline, write_events
@@ -53,7 +53,7 @@ def test_maintenance_compacts_and_vacuums_without_breaking_a_recompute(
     assert raw.metadata().configuration["delta.deletedFileRetentionDuration"] == "interval 720 hours"
     files_before = len(raw.file_uris())
 
-    run = dagster_cli(["job", "execute", "-m", "orchestration.definitions", "-j", "maintain_tables"], str(home), None)
+    run = dagster_cli(["job", "execute", "-m", "onceflow.orchestration.definitions", "-j", "maintain_tables"], str(home), None)
     assert run.returncode == 0, run.stderr[-3000:]
 
     history = spark.sql(f"DESCRIBE HISTORY delta.`{source.raw_path}`").collect()

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from jobs.panes import Window
-from resources.pubsub_emulator import PubSubEmulator
-from resources.spark_connect import SparkConnectServer
+from onceflow.jobs.windows.panes import Window
+from onceflow.resources.emulators.pubsub import PubSubEmulator
+from onceflow.resources.spark_connect import SparkConnectServer
 from tests.delta_reader import read_rows
 from tests.orders_data import make_orders, region_sales
 from tests.pipelines import builtin, dagster_materialize, dagster_micro_batch, new_project, setup

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from jobs.panes import Window
-from jobs.source_reader import open_source
-from orchestration.workload import MALFORMED, Event, expected_raw, make_events, publish_events
-from resources.lake import LakeResource
-from resources.pubsub_emulator import PubSubEmulator
-from resources.spark import build_spark_session
-from resources.spark_connect import SparkConnectServer
+from onceflow.jobs.sources.reader import open_source
+from onceflow.jobs.windows.panes import Window
+from onceflow.orchestration.workload import MALFORMED, Event, expected_raw, make_events, publish_events
+from onceflow.resources.emulators.pubsub import PubSubEmulator
+from onceflow.resources.lake import LakeResource
+from onceflow.resources.spark import build_spark_session
+from onceflow.resources.spark_connect import SparkConnectServer
 from tests.delta_reader import read_rows
 from tests.pipelines import TOPIC, dagster_micro_batch, drain, events_pipeline, new_project, setup
 from tests.test_windows import file_pipeline, write_events
@@ -111,7 +111,7 @@ def test_two_launches_of_one_batch_and_of_one_window_end_cleanly(
     events = [Event(f"t{i}", base + i * 1000, f"k{i % 4}", i) for i in range(200)]
     write_events(incoming / "1.jsonl", [*events, Event("closer", base + 10 * 60_000, "k0", 1)])
     module = [sys.executable, "-m", "dagster"]
-    job = [*module, "job", "execute", "-m", "orchestration.definitions", "-j", "ingest_events"]
+    job = [*module, "job", "execute", "-m", "onceflow.orchestration.definitions", "-j", "ingest_events"]
     outputs = run_both(job)
     # One run inserted the batch; the other found it committed (before it, or racing it), wrote nothing, and
     # reports the figures of the commit that did the work.
@@ -123,7 +123,7 @@ def test_two_launches_of_one_batch_and_of_one_window_end_cleanly(
     assert source.checkpoints.load().totals["inserted"] == 201
 
     window = Window.at(base, 60).key
-    materialize = [*module, "asset", "materialize", "-m", "orchestration.definitions", "--select", "event_counts",
+    materialize = [*module, "asset", "materialize", "-m", "onceflow.orchestration.definitions", "--select", "event_counts",
                    "--partition", window]
     run_both(materialize)
     rows = read_rows(lake.table_path("windows/event_counts"), ["key", "count", "pane"])

@@ -8,7 +8,7 @@ import os
 import pytest
 import sqlalchemy as sa
 
-from resources.postgres_server import start_postgres
+from onceflow.resources.emulators.postgres import start_postgres
 from tests.postgres import query, require_postgres
 
 

@@ -9,8 +9,9 @@ import json
 import pytest
 from pyspark.sql import SparkSession
 
-from jobs.schema import parse_schema
-from jobs.validation import RecordContract, classify
+from onceflow.jobs.declare.record_contract import RecordContract
+from onceflow.jobs.declare.schema import parse_schema
+from onceflow.jobs.ingest.validation import classify
 
 AT_MS = 1_795_000_000_000
 OK = None

@@ -10,18 +10,18 @@ import dagster as dg
 import pytest
 from pyspark.sql import SparkSession
 
-from jobs.commit_step import CommitContext
-from jobs.panes import CloseStore, Window
-from jobs.sinks import output_sinks, publish_closed
-from jobs.source_reader import open_source
-from jobs.window_checks import duplicate_record_ids, output_mismatches, unaccounted_late
-from jobs.windows import WindowResult, materialize_windows
-from orchestration.reset_cli import cmd_reset
-from orchestration.status import verify
-from orchestration.window_sensor import build_window_sensor
-from resources.checkpoint import EpochSealed
-from resources.commit_store import CommitStore
-from resources.lake import LakeResource
+from onceflow.jobs.publish.commit_store import CommitStore
+from onceflow.jobs.publish.sinks import output_sinks, publish_closed
+from onceflow.jobs.publish.step import CommitContext
+from onceflow.jobs.sources.checkpoint import EpochSealed
+from onceflow.jobs.sources.reader import open_source
+from onceflow.jobs.windows.checks import duplicate_record_ids, output_mismatches, unaccounted_late
+from onceflow.jobs.windows.panes import CloseStore, Window
+from onceflow.jobs.windows.transform import WindowResult, materialize_windows
+from onceflow.orchestration.cli.reset import cmd_reset
+from onceflow.orchestration.cli.status import verify
+from onceflow.orchestration.sensors.window import build_window_sensor
+from onceflow.resources.lake import LakeResource
 from tests.delta_reader import read_rows, transaction_version
 from tests.pipelines import drain
 from tests.test_sensors import evaluate

@@ -9,8 +9,8 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from jobs.run_retention import PRUNE_JOB, build_run_retention_job, prune_runs
-from resources.postgres_server import PostgresServer
+from onceflow.jobs.run_retention import PRUNE_JOB, build_run_retention_job, prune_runs
+from onceflow.resources.emulators.postgres import PostgresServer
 from tests.postgres import fresh_database, postgres, postgres_instance, query  # noqa: F401 (a fixture)
 
 HOUR_S = 3600.0

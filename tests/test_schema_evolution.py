@@ -18,19 +18,19 @@ from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from jobs.declaration import DeclarationError, FileSource, Pipeline, WindowedOutput
-from jobs.delta_txn import append_once, create_table_once, table_properties
-from jobs.ingest import ensure_raw_table
-from jobs.panes import CloseStore, Window
-from jobs.schema import parse_schema
-from jobs.schema_evolution import Mismatch, differences
-from jobs.source_reader import open_source
-from jobs.window_checks import output_mismatches
-from jobs.windows import materialize_windows
-from orchestration.definitions import build_definitions
-from orchestration.pipelines import resolve
-from resources.lake import LakeResource
-from resources.settings import load_settings
+from onceflow.jobs.declare.declaration import DeclarationError, FileSource, Pipeline, WindowedOutput
+from onceflow.jobs.declare.schema import parse_schema
+from onceflow.jobs.delta.raw_table import ensure_raw_table
+from onceflow.jobs.delta.schema_evolution import Mismatch, differences
+from onceflow.jobs.delta.transactions import append_once, create_table_once, table_properties
+from onceflow.jobs.sources.reader import open_source
+from onceflow.jobs.windows.checks import output_mismatches
+from onceflow.jobs.windows.panes import CloseStore, Window
+from onceflow.jobs.windows.transform import materialize_windows
+from onceflow.orchestration.definitions import definitions
+from onceflow.orchestration.pipelines import resolve
+from onceflow.resources.lake import LakeResource
+from onceflow.resources.settings import load_settings
 from tests.delta_reader import read_rows, table_version
 from tests.pipelines import drain
 
@@ -137,13 +137,13 @@ def test_any_other_change_is_refused_at_load_and_changes_no_table(
     for index, (change, field, held, said) in enumerate(CHANGES):
         # The code location loads a user's module declaring the changed schema.
         (tmp_path / f"changed_{index}.py").write_text(
-            "from orchestration.api import FileSource, Pipeline\n"
+            "from onceflow import FileSource, Pipeline\n"
             f"PIPELINES = [Pipeline(name='evolving', schema={change!r}, source=FileSource(directory={str(incoming)!r}, "
             "id_field='event_id', timestamp_field='event_time'))]\n"
         )
         monkeypatch.setenv("ONCEFLOW_PIPELINES", f"changed_{index}")
         with pytest.raises(DeclarationError) as refused:
-            build_definitions()
+            definitions()
         assert str(refused.value).startswith(
             f"pipeline 'evolving': schema: field {field!r}: the table raw/evolving holds {held}, the declaration "
             f"says {said}. "
@@ -161,8 +161,8 @@ def test_two_processes_loading_a_new_field_at_once_both_load(tmp_path: Path, hom
     script = (
         "import sys, time\n"
         "from tests.test_schema_evolution import S_NOTE, declared\n"
-        "from orchestration.pipelines.table_check import check_raw_tables\n"
-        "from resources.lake import LakeResource\n"
+        "from onceflow.orchestration.pipelines.table_check import check_raw_tables\n"
+        "from onceflow.resources.lake import LakeResource\n"
         "from pathlib import Path\n"
         "pipeline = declared(Path(sys.argv[1]), S_NOTE)\n"
         "time.sleep(max(0, float(sys.argv[2]) - time.time()))\n"

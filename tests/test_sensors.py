@@ -16,18 +16,18 @@ import dagster as dg
 import pytest
 from dagster._core.test_utils import create_run_for_test
 
-from jobs.declaration import Pipeline
-from jobs.panes import CloseStore, PaneClose, Window
-from jobs.publish import publish_pane
-from jobs.run_worker import worker_tags
-from jobs.source_reader import open_source
-from orchestration.micro_batch_sensor import BATCH_TAG, build_micro_batch_sensor
-from orchestration.runs import build_dead_run_sensor, in_flight
-from orchestration.window_sensor import build_window_sensor
-from resources.checkpoint import SourceCheckpoint
-from resources.commit_store import CommitStore
-from resources.lake import LakeResource
-from resources.pubsub import PubSubResource
+from onceflow.jobs.declare.declaration import Pipeline
+from onceflow.jobs.publish.commit_store import CommitStore
+from onceflow.jobs.publish.pane_sequence import publish_pane
+from onceflow.jobs.run_worker import worker_tags
+from onceflow.jobs.sources.checkpoint import SourceCheckpoint
+from onceflow.jobs.sources.reader import open_source
+from onceflow.jobs.windows.panes import CloseStore, PaneClose, Window
+from onceflow.orchestration.sensors.micro_batch import BATCH_TAG, build_micro_batch_sensor
+from onceflow.orchestration.sensors.runs import build_dead_run_sensor, in_flight
+from onceflow.orchestration.sensors.window import build_window_sensor
+from onceflow.resources.lake import LakeResource
+from onceflow.resources.pubsub import PubSubResource
 from tests.pipelines import builtin
 
 BASE = 1_795_000_000_000 // 60_000 * 60_000  # a minute boundary

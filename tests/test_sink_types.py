@@ -23,17 +23,17 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.types import VariantVal
 
-from jobs.commit_step import CommitContext
-from jobs.declaration import BigQuerySink, FileSink, FileSource, Pipeline, WindowedOutput
-from jobs.panes import CloseStore, Window
-from jobs.sinks import output_sinks, publish_closed
-from jobs.source_reader import open_source
-from jobs.windows import materialize_windows
-from orchestration.pipelines import resolve
-from resources.bigquery_emulator import BigQueryEmulator
-from resources.commit_store import CommitStore
-from resources.lake import LakeResource
-from resources.settings import load_settings
+from onceflow.jobs.declare.declaration import BigQuerySink, FileSink, FileSource, Pipeline, WindowedOutput
+from onceflow.jobs.publish.commit_store import CommitStore
+from onceflow.jobs.publish.sinks import output_sinks, publish_closed
+from onceflow.jobs.publish.step import CommitContext
+from onceflow.jobs.sources.reader import open_source
+from onceflow.jobs.windows.panes import CloseStore, Window
+from onceflow.jobs.windows.transform import materialize_windows
+from onceflow.orchestration.pipelines import resolve
+from onceflow.resources.emulators.bigquery import BigQueryEmulator
+from onceflow.resources.lake import LakeResource
+from onceflow.resources.settings import load_settings
 from tests.delta_reader import read_rows
 from tests.pipelines import drain
 

@@ -19,14 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from jobs.panes import Window
-from jobs.source_reader import open_source, source_watermark_ms
-from orchestration.workload import Event, expected_raw
-from resources.lake import LakeResource
-from resources.processes import stop_process_group
-from resources.settings import SettingsError, load_settings
-from resources.spark import DELTA_CONF, SMALL_MACHINE_CONF, engine_conf
-from resources.spark_cluster import SparkCluster
+from onceflow.jobs.sources.reader import open_source, source_watermark_ms
+from onceflow.jobs.windows.panes import Window
+from onceflow.orchestration.workload import Event, expected_raw
+from onceflow.resources.lake import LakeResource
+from onceflow.resources.processes import stop_process_group
+from onceflow.resources.settings import SettingsError, load_settings
+from onceflow.resources.spark import DELTA_CONF, SMALL_MACHINE_CONF, engine_conf
+from onceflow.resources.spark_cluster import SparkCluster
 from tests.delta_reader import read_rows
 from tests.pipelines import builtin, dagster_materialize, dagster_micro_batch
 from tests.test_window_asset import expected_table, published_rows, table_rows
@@ -130,7 +130,7 @@ def engine_settings(client: str) -> dict[str, str]:
     """Settings a Spark Connect client sees on the server, asked from a process of its own (this one may hold a
     classic session)."""
     keys = ["spark.master", DISCOVERY, "spark.sql.files.maxPartitionBytes", "spark.sql.session.timeZone"]
-    code = ("import json, sys; from resources.spark import build_spark_session; s = build_spark_session(remote=sys.argv[1]); "
+    code = ("import json, sys; from onceflow.resources.spark import build_spark_session; s = build_spark_session(remote=sys.argv[1]); "
             f"print(json.dumps({{k: s.conf.get(k) for k in {keys!r}}})); s.stop()")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPARK_")}
     out = subprocess.run([sys.executable, "-c", code, client], capture_output=True, text=True, env=env, timeout=300)

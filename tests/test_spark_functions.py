@@ -10,9 +10,9 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
-from jobs.first_records import without_ordinals
-from resources import spark_functions
-from resources.spark_functions import (
+from onceflow.jobs.dedup.first_records import without_ordinals
+from onceflow.resources import spark_functions
+from onceflow.resources.spark_functions import (
     JavaCompilerMissingError,
     SparkFunctionsMissingError,
     ensure_spark_functions_jar,
@@ -30,10 +30,11 @@ def test_the_jar_is_built_once_and_rebuilt_when_a_source_changes(
     assert ensure_spark_functions_jar(tmp_path) == jar and jar.stat().st_mtime_ns == built_at
     assert [p.name for p in (tmp_path / "onceflow").iterdir()] == [jar.name]  # no work files left behind
 
-    sources = tmp_path / "jvm"
-    sources.mkdir()
-    for source in spark_functions.SOURCES.glob("*.java"):
-        (sources / source.name).write_text(source.read_text() + "\n// changed\n")
+    sources = tmp_path / "jobs"
+    for source in spark_functions.SOURCES.glob("*/*.java"):
+        changed = sources / source.relative_to(spark_functions.SOURCES)
+        changed.parent.mkdir(parents=True, exist_ok=True)
+        changed.write_text(source.read_text() + "\n// changed\n")
     monkeypatch.setattr(spark_functions, "SOURCES", sources)
     rebuilt = ensure_spark_functions_jar(tmp_path)
     assert rebuilt != jar and rebuilt.exists()

@@ -11,13 +11,13 @@ from pathlib import Path
 import dagster as dg
 from pyspark.sql import SparkSession
 
-from assets.windows import window_metadata, window_partitions
-from jobs.panes import CloseStore, Window
-from jobs.source_reader import open_source
-from jobs.windows import materialize_windows
-from orchestration.window_sensor import build_window_sensor
-from orchestration.workload import Event
-from resources.lake import LakeResource
+from onceflow.assets.window_asset import window_metadata, window_partitions
+from onceflow.jobs.sources.reader import open_source
+from onceflow.jobs.windows.panes import CloseStore, Window
+from onceflow.jobs.windows.transform import materialize_windows
+from onceflow.orchestration.sensors.window import build_window_sensor
+from onceflow.orchestration.workload import Event
+from onceflow.resources.lake import LakeResource
 from tests.delta_reader import read_rows
 from tests.pipelines import drain
 from tests.test_sensors import evaluate

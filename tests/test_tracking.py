@@ -6,11 +6,11 @@ import time
 
 import pytest
 
-from jobs.backlog import EmulatorBacklogProbe
-from jobs.tracking import TrackingDrainer, parse_event_time_ms, sample_of
-from jobs.watermark import PubSubWatermark
-from resources.pubsub import PubSubClient, PulledMessage
-from resources.pubsub_emulator import PubSubEmulator
+from onceflow.jobs.sources.backlog import EmulatorBacklogProbe
+from onceflow.jobs.sources.tracking import TrackingDrainer, parse_event_time_ms, sample_of
+from onceflow.jobs.sources.watermark import PubSubWatermark
+from onceflow.resources.emulators.pubsub import PubSubEmulator
+from onceflow.resources.pubsub import PubSubClient, PulledMessage
 from tests.pipelines import SUBSCRIPTION, TOPIC, TRACKING, events_pipeline, new_project
 
 START_MS = 1_763_720_000_000  # 2025-11-21T10:13:20Z

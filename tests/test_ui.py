@@ -21,16 +21,16 @@ import dagster as dg
 import pytest
 from playwright.sync_api import expect
 
-from jobs.panes import Window
-from orchestration.cli import PROJECT_ROOT, create_sources
-from resources.processes import stop_process_group
-from resources.pubsub_emulator import PubSubEmulator, free_port
-from resources.spark_connect import SparkConnectServer
+from onceflow.jobs.windows.panes import Window
+from onceflow.orchestration.cli.main import PROJECT_ROOT, create_sources
+from onceflow.resources.emulators.pubsub import PubSubEmulator, free_port
+from onceflow.resources.processes import stop_process_group
+from onceflow.resources.spark_connect import SparkConnectServer
 from tests.browser import chromium_page, chromium_path, screenshot_after, shows, visit
 from tests.conftest import require
 from tests.test_windows import minute_base
 
-LOCATION = "orchestration.definitions"
+LOCATION = "onceflow.orchestration.definitions"
 DEV = ["dagster", "dev", "-w", "workspace.yaml", "-h", "127.0.0.1"]
 MATERIALIZE = ["dagster", "asset", "materialize", "-m", LOCATION, "--select", "event_counts"]
 # pyspark marks a process that opened a Spark Connect session; that is this process's state, not a setting.

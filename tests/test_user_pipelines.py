@@ -20,8 +20,8 @@ import dagster as dg
 import pytest
 from google.cloud import bigquery
 
-from jobs.panes import Window
-from resources.spark_connect import SparkConnectServer
+from onceflow.jobs.windows.panes import Window
+from onceflow.resources.spark_connect import SparkConnectServer
 from tests.delta_reader import read_rows, transaction_version
 from tests.orders_data import BAD_ORDERS, bad_lines, make_orders, region_sales, write_lines
 from tests.pipelines import dagster_materialize, dagster_micro_batch
@@ -154,7 +154,7 @@ def test_two_pipelines_run_side_by_side(user_env: dict[str, str], home: Path) ->
     day, clicks = clicks_workload(Path(user_env["CLICKS_DIR"]))
 
     # Both micro-batches at once, each in its own `dagster job execute` process.
-    command = [sys.executable, "-m", "dagster", "job", "execute", "-m", "orchestration.definitions", "-j"]
+    command = [sys.executable, "-m", "dagster", "job", "execute", "-m", "onceflow.orchestration.definitions", "-j"]
     env = {**os.environ, "ONCEFLOW_HOME": str(home), "DAGSTER_HOME": user_env["dagster_home"]}
     runs = [subprocess.Popen([*command, f"ingest_{name}"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True) for name in ("orders", "clicks")]

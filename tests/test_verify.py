@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from jobs.commit_step import CommitContext
-from jobs.panes import CloseStore, Window
-from jobs.sinks import output_sinks, publish_closed
-from jobs.source_reader import open_source
-from jobs.windows import materialize_windows
-from orchestration.status import verify
-from orchestration.workload import MALFORMED, Event
-from resources.commit_store import CommitStore
-from resources.lake import LakeResource
+from onceflow.jobs.publish.commit_store import CommitStore
+from onceflow.jobs.publish.sinks import output_sinks, publish_closed
+from onceflow.jobs.publish.step import CommitContext
+from onceflow.jobs.sources.reader import open_source
+from onceflow.jobs.windows.panes import CloseStore, Window
+from onceflow.jobs.windows.transform import materialize_windows
+from onceflow.orchestration.cli.status import verify
+from onceflow.orchestration.workload import MALFORMED, Event
+from onceflow.resources.lake import LakeResource
 from tests.pipelines import drain
 from tests.test_windows import file_pipeline, write_events
 

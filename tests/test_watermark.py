@@ -12,15 +12,15 @@ from typing import Any, Self
 
 import pytest
 
-from jobs.backlog import (
+from onceflow.jobs.sources.backlog import (
     BacklogProbe,
     BacklogUnknown,
     CloudMonitoringBacklogProbe,
     EmulatorBacklogProbe,
     MessageKey,
 )
-from jobs.tracking import TrackingSample
-from jobs.watermark import FileWatermark, PubSubWatermark, WatermarkEstimator
+from onceflow.jobs.sources.tracking import TrackingSample
+from onceflow.jobs.sources.watermark import FileWatermark, PubSubWatermark, WatermarkEstimator
 
 T0 = 1_763_720_000_000  # 2025-11-21T10:13:20Z, a whole second
 BAND = 10_000

@@ -13,11 +13,11 @@ import pytest
 from google.cloud import bigquery
 from pyspark.sql import SparkSession
 
-from jobs.panes import CloseStore, PaneClose, Window
-from jobs.source_reader import open_source, source_watermark_ms
-from jobs.windows import materialize_windows
-from resources.commit_store import CommitStore
-from resources.lake import LakeResource
+from onceflow.jobs.publish.commit_store import CommitStore
+from onceflow.jobs.sources.reader import open_source, source_watermark_ms
+from onceflow.jobs.windows.panes import CloseStore, PaneClose, Window
+from onceflow.jobs.windows.transform import materialize_windows
+from onceflow.resources.lake import LakeResource
 from tests.delta_reader import read_rows
 from tests.pipelines import builtin, dagster_materialize, drain
 from tests.test_windows import WINDOW_ROWS, expected_rows, five_window_workload, minute_base, write_events

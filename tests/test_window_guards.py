@@ -11,11 +11,11 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import Window as SparkWindow
 from pyspark.sql import functions as F
 
-from jobs.panes import CloseStore, Window
-from jobs.source_reader import open_source
-from jobs.windows import materialize_windows
-from orchestration.workload import Event
-from resources.lake import LakeResource
+from onceflow.jobs.sources.reader import open_source
+from onceflow.jobs.windows.panes import CloseStore, Window
+from onceflow.jobs.windows.transform import materialize_windows
+from onceflow.orchestration.workload import Event
+from onceflow.resources.lake import LakeResource
 from tests.delta_reader import read_rows
 from tests.pipelines import drain
 from tests.test_windows import LATENESS_MS, file_pipeline, minute_base, write_events

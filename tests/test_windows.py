@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from jobs.declaration import FileSink, FileSource, Pipeline, WindowedOutput
-from jobs.panes import CloseStore, Window
-from jobs.source_reader import open_source
-from jobs.windows import OutputError, materialize_windows
-from orchestration.pipelines import resolve
-from orchestration.pipelines.events import SCHEMA, event_counts
-from orchestration.workload import Event
-from resources.lake import LakeResource
-from resources.settings import load_settings
+from onceflow.jobs.declare.declaration import FileSink, FileSource, Pipeline, WindowedOutput
+from onceflow.jobs.sources.reader import open_source
+from onceflow.jobs.windows.panes import CloseStore, Window
+from onceflow.jobs.windows.transform import OutputError, materialize_windows
+from onceflow.orchestration.pipelines import resolve
+from onceflow.orchestration.pipelines.events import SCHEMA, event_counts
+from onceflow.orchestration.workload import Event
+from onceflow.resources.lake import LakeResource
+from onceflow.resources.settings import load_settings
 from tests.delta_reader import read_rows
 from tests.pipelines import drain
 

@@ -9,7 +9,7 @@ import os
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from orchestration.api import BigQuerySink, FileSink, FileSource, Pipeline, WindowedOutput
+from onceflow import BigQuerySink, FileSink, FileSource, Pipeline, WindowedOutput
 
 
 def region_sales(records: DataFrame) -> DataFrame:

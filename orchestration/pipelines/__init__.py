@@ -10,12 +10,19 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+from collections.abc import Sequence
 
-from jobs.declaration import BigQuerySink, DeclarationError, FileSource, Pipeline, PubSubSource
-from jobs.durations import render_duration
-from orchestration.pipelines.events import events_pipeline
-from orchestration.pipelines.orders import orders_pipeline
-from resources.settings import Settings, SettingsError
+from onceflow.jobs.declare.declaration import (
+    BigQuerySink,
+    DeclarationError,
+    FileSource,
+    Pipeline,
+    PubSubSource,
+)
+from onceflow.jobs.declare.durations import render_duration
+from onceflow.orchestration.pipelines.events import events_pipeline
+from onceflow.orchestration.pipelines.orders import orders_pipeline
+from onceflow.resources.settings import Settings, SettingsError
 
 
 def builtin_pipelines(settings: Settings) -> list[Pipeline]:
@@ -40,9 +47,13 @@ def declared_pipelines(settings: Settings) -> list[Pipeline]:
     return list(pipelines)
 
 
-def load_pipelines(settings: Settings) -> list[Pipeline]:
-    """The code location's pipelines, checked against each other and resolved against `settings`."""
-    pipelines = declared_pipelines(settings)
+def load_pipelines(settings: Settings, pipelines: Sequence[Pipeline] | None = None) -> list[Pipeline]:
+    """The code location's pipelines (`pipelines`, else `declared_pipelines`), checked against each other and
+    resolved against `settings`."""
+    pipelines = list(pipelines) if pipelines is not None else declared_pipelines(settings)
+    for index, pipeline in enumerate(pipelines):
+        if not isinstance(pipeline, Pipeline):
+            raise DeclarationError(f"pipelines[{index}] is {type(pipeline).__name__}, not a Pipeline")
     names = [p.name for p in pipelines]
     assets = [o.asset for p in pipelines for o in p.outputs]
     for name in names:

@@ -10,9 +10,17 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from jobs.declaration import BigQuerySink, FileSink, FileSource, Pipeline, PubSubSource, Sink, WindowedOutput
-from jobs.durations import render_duration
-from resources.settings import Settings
+from onceflow.jobs.declare.declaration import (
+    BigQuerySink,
+    FileSink,
+    FileSource,
+    Pipeline,
+    PubSubSource,
+    Sink,
+    WindowedOutput,
+)
+from onceflow.jobs.declare.durations import render_duration
+from onceflow.resources.settings import Settings
 
 # Values are exact decimals (BigQuery's NUMERIC): sums are then the same whatever order Spark adds them in.
 SCHEMA = "key STRING NOT NULL, value DECIMAL(38, 9) NOT NULL"

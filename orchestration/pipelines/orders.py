@@ -10,8 +10,15 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from jobs.declaration import BigQuerySink, FileSink, Pipeline, PubSubSource, Sink, WindowedOutput
-from resources.settings import Settings
+from onceflow.jobs.declare.declaration import (
+    BigQuerySink,
+    FileSink,
+    Pipeline,
+    PubSubSource,
+    Sink,
+    WindowedOutput,
+)
+from onceflow.resources.settings import Settings
 
 
 def region_sales(records: DataFrame) -> DataFrame:

@@ -1,8 +1,8 @@
 """Checking each pipeline's raw table against its declared schema when the code location loads.
 
 A table made for an earlier declaration gains the declaration's new nullable fields here; any other change fails
-the load with a `DeclarationError` (`jobs.schema_evolution`). Only the Delta log is read (delta-rs, no Spark). A
-lake that cannot be read now is checked again before the run's first batch (`jobs.ingest.ensure_raw_table`), so
+the load with a `DeclarationError` (`onceflow.jobs.delta.schema_evolution`). Only the Delta log is read (delta-rs, no Spark). A
+lake that cannot be read now is checked again before the run's first batch (`onceflow.jobs.ingest.batch_ingest.ensure_raw_table`), so
 an unreachable lake does not keep every pipeline of the code location from loading.
 """
 
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import logging
 
-from jobs.declaration import DeclarationError, Pipeline
-from jobs.ingest import raw_schema
-from jobs.schema_evolution import evolve_raw_table
-from resources.lake import LakeResource
+from onceflow.jobs.declare.declaration import DeclarationError, Pipeline
+from onceflow.jobs.delta.raw_table import raw_schema
+from onceflow.jobs.delta.schema_evolution import evolve_raw_table
+from onceflow.resources.lake import LakeResource
 
 log = logging.getLogger("onceflow")
 

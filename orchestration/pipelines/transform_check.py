@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
-from jobs.declaration import (
+from onceflow.jobs.declare.declaration import (
     IDENTIFIER,
     WINDOW_BOOKKEEPING,
     BigQuerySink,
@@ -26,9 +26,9 @@ from jobs.declaration import (
     Pipeline,
     WindowedOutput,
 )
-from jobs.sink_types import bigquery_field, sink_type
-from jobs.windows import transform_output
-from resources.object_store import ObjectStore
+from onceflow.jobs.publish.sink_types import bigquery_field, sink_type
+from onceflow.jobs.windows.transform import transform_output
+from onceflow.resources.object_store import ObjectStore
 
 
 def fingerprint(pipeline: Pipeline, output: WindowedOutput) -> str | None:

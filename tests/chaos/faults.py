@@ -18,18 +18,18 @@ from dataclasses import dataclass, field
 
 import dagster as dg
 
-from jobs.declaration import Pipeline
-from jobs.panes import CloseStore
-from orchestration.local_stack import PROJECT_ROOT, LocalStack
-from orchestration.runs import run_worker_pid
-from orchestration.workload import Worker
-from resources.faults import CRASH_EXIT_CODE, POINTS
-from resources.processes import kill_tree
+from onceflow.jobs.declare.declaration import Pipeline
+from onceflow.jobs.windows.panes import CloseStore
+from onceflow.orchestration.local_stack import PROJECT_ROOT, LocalStack
+from onceflow.orchestration.sensors.runs import run_worker_pid
+from onceflow.orchestration.workload import Worker
+from onceflow.resources.faults import CRASH_EXIT_CODE, POINTS
+from onceflow.resources.processes import kill_tree
 
 KINDS = ("crash_point", "sigkill", "double_launch", "backfill", "engine_restart", "checkpoint_rollback")
 WEIGHTS = (5, 4, 2, 2, 1, 1)
 DAGSTER = [sys.executable, "-m", "dagster"]
-LOCATION = ["-m", "orchestration.definitions"]
+LOCATION = ["-m", "onceflow.orchestration.definitions"]
 
 
 @dataclass

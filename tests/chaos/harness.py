@@ -13,7 +13,7 @@ prints one summary line (the engine path it proved, faults by kind, records publ
 the seed); a failing seed replays with `--seed`. `--engine classic` runs every run on its own local Spark session
 (Delta's writer writes, delta-rs commits) instead of as a client of one warm Spark Connect engine. `--profile
 cluster-gcs` runs it all on a standalone Spark cluster, with the whole home on the GCS emulator and Dagster on
-PostgreSQL (`orchestration.local_stack.PROFILES`).
+PostgreSQL (`onceflow.orchestration.local_stack.PROFILES`).
 """
 
 from __future__ import annotations
@@ -30,19 +30,19 @@ from dataclasses import dataclass, field
 import dagster as dg
 from deltalake.exceptions import TableNotFoundError
 
-from jobs.commit_steps import sequence_id
-from jobs.declaration import BigQuerySink
-from jobs.panes import CloseStore, Window
-from jobs.reconcile import canonical_row, render
-from orchestration.local_stack import PROFILES, LocalStack, local_stack
-from orchestration.pipelines import load_pipelines
-from orchestration.resources import resources_for
-from orchestration.status import reconcile_pipeline
-from orchestration.workload import Publisher
-from resources.commit_store import DONE, CommitStore
-from resources.delta_storage import delta_table
-from resources.settings import load_settings
-from resources.spark import build_spark_session
+from onceflow.jobs.declare.declaration import BigQuerySink
+from onceflow.jobs.publish.commit_store import DONE, CommitStore
+from onceflow.jobs.publish.sequence import sequence_id
+from onceflow.jobs.verify.reconcile import canonical_row, render
+from onceflow.jobs.windows.panes import CloseStore, Window
+from onceflow.orchestration.cli.status import reconcile_pipeline
+from onceflow.orchestration.deployments import resources_for
+from onceflow.orchestration.local_stack import PROFILES, LocalStack, local_stack
+from onceflow.orchestration.pipelines import load_pipelines
+from onceflow.orchestration.workload import Publisher
+from onceflow.resources.delta_storage import delta_table
+from onceflow.resources.settings import load_settings
+from onceflow.resources.spark import build_spark_session
 from tests.chaos.faults import FaultInjector
 from tests.chaos.workload import OrderPublisher
 from tests.delta_reader import read_rows
@@ -207,7 +207,7 @@ def _operator_views(pipelines: list) -> list[str]:
         ("verify", [f"{p.name}: exactly-once holds" for p in pipelines]),
         ("status", ["commit sequences: 0 pending, 0 quarantined"]),
     ):
-        done = subprocess.run([sys.executable, "-m", "orchestration.cli", command], capture_output=True, text=True,
+        done = subprocess.run([sys.executable, "-m", "onceflow", command], capture_output=True, text=True,
                               timeout=300)
         missing = [line for line in expected if line not in done.stdout]
         if done.returncode != 0 or missing:

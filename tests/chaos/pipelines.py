@@ -7,10 +7,10 @@ one-minute windows, two outputs (per region, and one row per window without keys
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from orchestration.api import FileSink, Pipeline, PubSubSource, WindowedOutput
-from orchestration.pipelines.events import events_pipeline
-from orchestration.pipelines.orders import region_sales
-from resources.settings import load_settings
+from onceflow import FileSink, Pipeline, PubSubSource, WindowedOutput
+from onceflow.orchestration.pipelines.events import events_pipeline
+from onceflow.orchestration.pipelines.orders import region_sales
+from onceflow.resources.settings import load_settings
 
 
 def order_totals(records: DataFrame) -> DataFrame:

@@ -20,7 +20,7 @@ import sys
 
 import pytest
 
-from orchestration.local_stack import PROJECT_ROOT
+from onceflow.orchestration.local_stack import PROJECT_ROOT
 from tests.conftest import require
 
 

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyspark.sql import SparkSession
 
-from resources.pubsub_emulator import PubSubEmulator
+from onceflow.resources.emulators.pubsub import PubSubEmulator
 from tests.delta_reader import read_rows
 from tests.pipelines import TOPIC, drain, events_pipeline, new_project, setup
 

@@ -8,8 +8,8 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from orchestration.workload import Worker
-from resources.pubsub import PubSubClient
+from onceflow.orchestration.workload import Worker
+from onceflow.resources.pubsub import PubSubClient
 
 MALFORMED_ORDERS = [
     b'{"region": "eu", "amount": 1}',  # no customer

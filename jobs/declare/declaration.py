@@ -1,0 +1,318 @@
+"""The public pipeline declaration: what a data engineer writes (re-exported as `from onceflow import …`).
+
+A `Pipeline` names a source, the schema of its records, how duplicates are handled, and its windowed outputs.
+Every check that needs no data runs when the declaration is constructed, and a mistake raises `DeclarationError`
+naming the pipeline and the field (`pipeline 'orders': outputs[0].window: ...`). The transform's output is
+checked against `keys` when the code location loads (`check_transform_output`), since that needs Spark.
+
+Semantics are fixed by the declaration; runtime knobs a declaration leaves as None (batch bounds, watermark band
+and idle time, the BigQuery dataset) come from `ONCEFLOW_*` settings.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from functools import cached_property
+from typing import ClassVar
+
+from pyspark.sql import DataFrame
+from pyspark.sql import types as T
+
+from onceflow.jobs.declare.durations import check_window_size, parse_duration
+from onceflow.jobs.declare.schema import SchemaError, parse_schema
+
+DELIVERY_MODES = ("exactly_once", "at_least_once")
+LATE_POLICIES = ("drop", "refire")
+RAW_BOOKKEEPING = ("record_id", "event_time", "payload", "source_position", "publish_time", "batch_id",
+                   "ingested_at", "time_bucket")
+"""Columns onceflow adds to the raw table; a schema field cannot have these names."""
+WINDOW_BOOKKEEPING = ("window_start", "window_end", "raw_version", "pane", "timing")
+"""Columns onceflow adds to a window table; a transform cannot output these names."""
+COMPRESSED = (".gz", ".bz2", ".deflate", ".lz4", ".snappy", ".zst", ".zstd", ".xz", ".br", ".zip")
+"""File suffixes Spark would decompress; a `FileSource` reads its files' bytes as they are."""
+_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_PUBSUB_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9._~%+-]{2,254}$")
+_BIGQUERY_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,1023}$")
+
+Transform = Callable[[DataFrame], DataFrame]
+
+
+class DeclarationError(ValueError):
+    """A pipeline declaration onceflow cannot run; the message names the pipeline and the field."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PubSubSource:
+    """A Pub/Sub subscription, plus a metadata-only tracking subscription for the watermark.
+
+    `id_attribute` carries the record ID (it survives publisher retries; without it, or on a message that lacks
+    it, the message id is used). `timestamp_attribute` carries the event time (RFC 3339 or epoch milliseconds;
+    without it the publish time is used). The tracking subscription defaults to `<subscription>-tracking`.
+    A batch holds at most `max_messages` messages and `max_bytes` bytes of data and attributes, pulled for at
+    most `max_seconds` with `pull_streams` pull requests in flight.
+    """
+
+    kind: ClassVar[str] = "pubsub"
+    topic: str
+    subscription: str
+    id_attribute: str | None = None
+    timestamp_attribute: str | None = None
+    tracking_subscription: str | None = None
+    max_messages: int | None = None
+    max_seconds: float | None = None
+    max_bytes: int | None = None
+    pull_streams: int | None = None
+    ack_deadline_s: int | None = None
+
+    @property
+    def tracking(self) -> str:
+        return self.tracking_subscription or f"{self.subscription}-tracking"
+
+
+@dataclass(frozen=True, kw_only=True)
+class FileSource:
+    """A directory of JSON-lines files (one object per line), taken in sorted order; files must not change.
+
+    `id_field` names the record ID field (without it, or on a line that lacks it, the ID is
+    `<relative path>:<byte offset>`); `timestamp_field` the event time (RFC 3339 or epoch milliseconds).
+    The watermark is the newest event time seen minus `out_of_orderness`.
+    """
+
+    kind: ClassVar[str] = "files"
+    directory: str
+    timestamp_field: str
+    pattern: str = "*.jsonl"
+    id_field: str | None = None
+    out_of_orderness: str = "30s"
+    max_files: int | None = None
+    max_bytes: int = 256 * 1024 * 1024
+
+
+Source = PubSubSource | FileSource
+
+
+@dataclass(frozen=True, kw_only=True)
+class FileSink:
+    """Publish each final pane as JSON-lines files under `path` (default `<ONCEFLOW_HOME>/published`)."""
+
+    path: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class BigQuerySink:
+    """Publish each final pane into the BigQuery table `table` (dataset default: `ONCEFLOW_BIGQUERY_DATASET`)."""
+
+    table: str
+    dataset: str | None = None
+    project: str | None = None
+
+
+Sink = FileSink | BigQuerySink
+
+
+@dataclass(frozen=True, kw_only=True)
+class WindowedOutput:
+    """A windowed computation: one Dagster asset, one partition per event-time window, one Delta table.
+
+    `transform` receives one window's valid records (the schema's fields, `record_id`, `event_time`) and
+    returns one row per value of `keys` (`keys=[]`: one row per window); it runs on a pinned table version and
+    must be deterministic. A window closes when the watermark passes its end plus `allowed_lateness`; late
+    records are counted (`drop`) or recompute the window as a new pane (`refire`).
+    """
+
+    asset: str
+    window: str
+    transform: Transform
+    keys: Sequence[str] = ()
+    allowed_lateness: str = "0s"
+    late_policy: str = "drop"
+    sinks: Sequence[Sink] = ()
+    description: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "keys", tuple(self.keys))
+        object.__setattr__(self, "sinks", tuple(self.sinks))
+
+    @property
+    def window_s(self) -> int:
+        return parse_duration(self.window)
+
+    @property
+    def allowed_lateness_s(self) -> int:
+        return parse_duration(self.allowed_lateness)
+
+    @property
+    def table(self) -> str:
+        return f"windows/{self.asset}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pipeline:
+    """A source, its record schema, its delivery mode and its windowed outputs; see the module docstring.
+
+    `schema` is a Spark DDL string of the payload's fields, each record validated against it. `dedup_horizon`
+    bounds how far back record IDs are checked (older records are dead letters). An event time more than
+    `max_clock_skew` ahead of the batch is a dead letter. `start_date` (`YYYY-MM-DD`, UTC) is the first window
+    of every output's partitions. `retention` is how long the Delta tables keep old versions: a closed window can
+    be recomputed from its pinned input (a retry, a backfill) for that long after it closed, and no longer.
+    """
+
+    name: str
+    source: Source
+    schema: str
+    outputs: Sequence[WindowedOutput] = ()
+    delivery: str = "exactly_once"
+    dedup_horizon: str = "1d"
+    max_clock_skew: str = "1h"
+    max_record_bytes: int = 64 * 1024
+    start_date: str = "2026-11-01"
+    retention: str = "30d"
+    watermark_band: str | None = None
+    watermark_idle: str | None = None
+    description: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "outputs", tuple(self.outputs))
+        _check_pipeline(self)
+
+    @cached_property
+    def record_schema(self) -> T.StructType:
+        return parse_schema(self.schema)
+
+    @property
+    def source_id(self) -> str:
+        """Names the source in checkpoints and is the Delta `txnAppId` of its commits."""
+        return f"{self.name}/{self.source.kind}"
+
+    @property
+    def raw_table(self) -> str:
+        return f"raw/{self.name}"
+
+    @property
+    def dead_letter_table(self) -> str:
+        return f"dead_letter/{self.name}"
+
+    @property
+    def dedup_horizon_s(self) -> int:
+        return parse_duration(self.dedup_horizon)
+
+    @property
+    def max_clock_skew_s(self) -> int:
+        return parse_duration(self.max_clock_skew)
+
+    @property
+    def retention_s(self) -> int:
+        return parse_duration(self.retention)
+
+    def output(self, asset: str) -> WindowedOutput:
+        return next(o for o in self.outputs if o.asset == asset)
+
+
+def _check_pipeline(p: Pipeline) -> None:
+    def fail(where: str, problem: str) -> None:
+        raise DeclarationError(f"pipeline {p.name!r}: {where}: {problem}")
+
+    if not isinstance(p.name, str) or not _NAME.match(p.name):
+        raise DeclarationError(f"pipeline {p.name!r}: name: use lowercase letters, digits and '_', starting with a letter")
+    if not isinstance(p.source, PubSubSource | FileSource):
+        fail("source", f"{type(p.source).__name__} is not a source: use PubSubSource or FileSource")
+    _check_source(p.source, fail)
+    try:
+        fields = p.record_schema
+    except SchemaError as error:
+        fail("schema", str(error))
+    for f in fields:
+        if f.name.lower() in RAW_BOOKKEEPING:
+            fail("schema", f"field {f.name!r} is a column onceflow adds itself ({', '.join(RAW_BOOKKEEPING)})")
+    if p.delivery not in DELIVERY_MODES:
+        fail("delivery", f"{p.delivery!r} is not a delivery mode: use {' or '.join(map(repr, DELIVERY_MODES))}")
+    for name in ("dedup_horizon", "max_clock_skew", "retention", "watermark_band", "watermark_idle"):
+        value = getattr(p, name)
+        if value is not None:
+            _duration(value, name, fail)
+    if _duration(p.retention, "retention", fail) < 3600:
+        fail("retention", f"{p.retention!r}: keep versions at least an hour (a window's recompute needs them)")
+    if not isinstance(p.max_record_bytes, int) or p.max_record_bytes < 1:
+        fail("max_record_bytes", f"{p.max_record_bytes!r} must be a positive number of bytes")
+    try:
+        datetime.strptime(p.start_date, "%Y-%m-%d")
+    except (TypeError, ValueError):
+        fail("start_date", f"{p.start_date!r} is not a date YYYY-MM-DD")
+    assets = [o.asset for o in p.outputs if isinstance(o, WindowedOutput)]
+    for index, output in enumerate(p.outputs):
+        where = f"outputs[{index}]"
+        if not isinstance(output, WindowedOutput):
+            fail(where, f"{type(output).__name__} is not a WindowedOutput")
+        _check_output(output, f"{where} ({output.asset!r})", fail)
+        if assets.count(output.asset) > 1:
+            fail(f"{where}.asset", f"{output.asset!r} is declared twice")
+
+
+def _duration(value: object, where: str, fail: Callable[[str, str], None]) -> int:
+    try:
+        return parse_duration(value)  # type: ignore[arg-type]
+    except ValueError as error:
+        fail(where, str(error))
+    return 0
+
+
+def _check_source(source: Source, fail: Callable[[str, str], None]) -> None:
+    if isinstance(source, PubSubSource):
+        for name in ("topic", "subscription"):
+            if not isinstance(getattr(source, name), str) or not _PUBSUB_NAME.match(getattr(source, name)):
+                fail(f"source.{name}", f"{getattr(source, name)!r} is not a Pub/Sub name (3-255 characters, "
+                     "starting with a letter)")
+        if not _PUBSUB_NAME.match(source.tracking):
+            fail("source.tracking_subscription", f"{source.tracking!r} is not a Pub/Sub name")
+        # Pub/Sub takes 10..600 s; its emulator 1..600, which tests use for quick redelivery.
+        if source.ack_deadline_s is not None and not 1 <= source.ack_deadline_s <= 600:
+            fail("source.ack_deadline_s", f"{source.ack_deadline_s} is outside 1..600 seconds")
+        if source.pull_streams is not None and not 1 <= source.pull_streams <= 64:
+            fail("source.pull_streams", f"{source.pull_streams} is outside 1..64")
+    else:
+        for name in ("timestamp_field", "id_field"):
+            value = getattr(source, name)
+            if value is not None and (not isinstance(value, str) or not IDENTIFIER.match(value)):
+                fail(f"source.{name}", f"{value!r}: use letters, digits and '_'")
+        if isinstance(source.pattern, str) and source.pattern.lower().endswith(COMPRESSED):
+            fail("source.pattern", f"{source.pattern!r}: compressed files are not read (a record's position is its "
+                 "byte offset in the file, and files are counted by their lines): decompress them into the directory")
+        _duration(source.out_of_orderness, "source.out_of_orderness", fail)
+    for name in ("max_messages", "max_files", "max_seconds", "max_bytes"):
+        value = getattr(source, name, None)
+        if value is not None and not value > 0:
+            fail(f"source.{name}", f"{value!r} must be positive")
+
+
+def _check_output(o: WindowedOutput, where: str, fail: Callable[[str, str], None]) -> None:
+    if not isinstance(o.asset, str) or not _NAME.match(o.asset):
+        fail(f"{where}.asset", "use lowercase letters, digits and '_', starting with a letter")
+    try:
+        check_window_size(_duration(o.window, f"{where}.window", fail))
+    except ValueError as error:
+        fail(f"{where}.window", f"{o.window!r}: {error}")
+    _duration(o.allowed_lateness, f"{where}.allowed_lateness", fail)
+    if o.late_policy not in LATE_POLICIES:
+        fail(f"{where}.late_policy", f"{o.late_policy!r} is not a late policy: use 'drop' or 'refire'")
+    if not callable(o.transform):
+        fail(f"{where}.transform", f"{o.transform!r} is not a function of a DataFrame")
+    for key in o.keys:
+        if not isinstance(key, str) or not IDENTIFIER.match(key):
+            fail(f"{where}.keys", f"{key!r} is not a column name")
+        if key in WINDOW_BOOKKEEPING:
+            fail(f"{where}.keys", f"{key!r} is a column onceflow adds itself")
+    for kind in (FileSink, BigQuerySink):
+        if sum(isinstance(sink, kind) for sink in o.sinks) > 1:
+            fail(f"{where}.sinks", f"more than one {kind.__name__}: an output publishes to one of each")
+    for index, sink in enumerate(o.sinks):
+        if not isinstance(sink, FileSink | BigQuerySink):
+            fail(f"{where}.sinks[{index}]", f"{type(sink).__name__} is not a sink: use FileSink or BigQuerySink")
+        if isinstance(sink, BigQuerySink):
+            for name in ("table", "dataset"):
+                value = getattr(sink, name)
+                if value is not None and (not isinstance(value, str) or not _BIGQUERY_NAME.match(value)):
+                    fail(f"{where}.sinks[{index}].{name}", f"{value!r} is not a BigQuery name")

@@ -1,0 +1,39 @@
+"""Which record of a batch is kept for each record ID: the first in landing order (its `ordinal`).
+
+A batch's valid records are deduplicated on the driver from a few of their columns (`first_ids`) and the rest
+dropped in Spark by ordinal (`without_ordinals`); its dead letters, a handful, entirely in Spark (`first_per_id`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
+
+
+def first_ids(valid: pa.Table) -> tuple[pa.Table, np.ndarray]:
+    """The first record of each ID (`record_id, time_bucket, ordinal`), and the ordinals of the rest."""
+    rows = valid.select(["record_id", "time_bucket", "ordinal"])
+    first = rows.group_by("record_id").aggregate([("ordinal", "min")])["ordinal_min"]
+    kept = pc.is_in(rows["ordinal"], value_set=first)  # a batch's ordinals are distinct
+    return rows.filter(kept), rows["ordinal"].filter(pc.invert(kept)).to_numpy()
+
+
+def without_ordinals(rows: DataFrame, ordinals: np.ndarray) -> DataFrame:
+    """`rows` without those at `ordinals`, and without the ordinal column.
+
+    The ordinals go to Spark as one binary literal, sorted, that `onceflow_not_among` (registered by
+    `onceflow.resources.spark_functions`) searches for each row: no table of them to build and broadcast first.
+    """
+    if len(ordinals):
+        members = np.unique(ordinals.astype(np.int64)).astype(">i8").tobytes()
+        rows = rows.filter(F.call_function("onceflow_not_among", F.lit(bytearray(members)), F.col("ordinal")))
+    return rows.drop("ordinal")
+
+
+def first_per_id(records: DataFrame) -> DataFrame:
+    """The first record of each ID, without the ordinal column."""
+    first = Window.partitionBy("record_id").orderBy("ordinal")
+    return records.withColumn("_rank", F.row_number().over(first)).filter("_rank = 1").drop("_rank", "ordinal")

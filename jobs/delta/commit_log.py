@@ -1,0 +1,113 @@
+"""What a table's Delta log says about onceflow's commits: the batch a source's app id has reached, what a batch's
+commit carried and which attempt made it (read with delta-rs, no Spark session needed, the same on every replay),
+and the figures of the commit that did a batch's work."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection
+from typing import Any
+
+from deltalake.exceptions import TableNotFoundError
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from onceflow.resources.delta_storage import delta_table
+
+ATTEMPT_KEY = "onceflow_attempt"
+"""Commit metadata naming the attempt that wrote the commit: which of two concurrent attempts at one batch won."""
+
+
+class LakeAheadError(RuntimeError):
+    """A commit of batch `batch` of `app_id` found the table holding a later batch of that app id: its batch
+    numbering is behind the lake's (the run must realign first), so it must neither write nor count as a replay."""
+
+    def __init__(self, path: str, app_id: str, batch: int, lake_batch: int) -> None:
+        super().__init__(f"{path}: {app_id} is committing batch {batch}, but the table holds batch {lake_batch} "
+                         "of it already; a run realigned with the lake numbers its batches after that")
+        self.path, self.app_id, self.batch, self.lake_batch = path, app_id, batch, lake_batch
+
+
+def committed_batch(path: str, app_id: str) -> int | None:
+    """The SetTransaction version the table at `path` holds for `app_id` (read from its log), None if none.
+
+    Read with delta-rs straight from the log: no Spark session needed, and the same on every replay.
+    """
+    try:
+        return delta_table(path).transaction_version(app_id)
+    except TableNotFoundError:
+        return None
+
+
+def holds_batch(path: str, app_id: str, batch: int) -> bool:
+    """Whether the table at `path` holds batch `batch` of `app_id` already (a replay); `LakeAheadError` when it
+    holds a later one."""
+    held = committed_batch(path, app_id) or 0
+    if held > batch:
+        raise LakeAheadError(path, app_id, batch, held)
+    return held == batch
+
+
+def committed_metadata(
+    path: str, app_id: str, versions: Collection[int], lookback: int | None = None
+) -> dict[int, dict[str, Any]]:
+    """The metadata the commits of `(app_id, v)` for v in `versions` carried (see `delta_transaction`), by version,
+    read from the table's log (its newest `lookback` commits, all when None) with delta-rs in one pass; a version
+    the table holds no commit of (yet, or any more) is absent."""
+    wanted, found = set(versions), {}
+    try:
+        history = delta_table(path).history(lookback) if wanted else []
+    except TableNotFoundError:
+        return found
+    for commit in history:
+        try:
+            metadata = json.loads(commit.get("userMetadata") or "{}")
+        except json.JSONDecodeError:
+            continue  # a commit made by someone else, with metadata of their own
+        version = metadata.get("onceflow_batch")
+        if metadata.get("onceflow_source") == app_id and version in wanted:
+            found[version] = metadata
+            wanted.discard(version)
+            if not wanted:
+                break
+    return found
+
+
+def committing_attempt(path: str, app_id: str, version: int) -> str | None:
+    """The attempt (`ATTEMPT_KEY`) whose commit holds `(app_id, version)` in the table at `path`; None if no commit
+    of it names one. Looked for among the newest commits first: the one wanted is almost always there."""
+    found = committed_metadata(path, app_id, [version], lookback=20) or committed_metadata(path, app_id, [version])
+    return found.get(version, {}).get(ATTEMPT_KEY)
+
+
+def own_commit_version(path: str, metadata: dict[str, Any], after: int) -> int:
+    """The version of the commit that carried `metadata` when it is the one right after version `after`, else
+    `after`: the newest version up to which this writer knows every commit."""
+    table = delta_table(path)
+    if table.version() != after + 1:
+        return after
+    last = table.history(1)[0]
+    mine = json.loads(last.get("userMetadata") or "{}")
+    same = (mine.get("onceflow_source"), mine.get("onceflow_batch")) == (metadata["onceflow_source"],
+                                                                        metadata["onceflow_batch"])
+    return after + 1 if same else after
+
+
+def committed_metrics(spark: SparkSession, path: str, metadata: dict[str, Any], lookback: int = 1000) -> dict[str, str]:
+    """The operation metrics of the commit that carried `metadata` (an earlier attempt of the same batch).
+
+    A replayed batch writes nothing; its counts are those of the commit that did the work, so totals stay exact
+    however many attempts a batch took.
+    """
+    source, batch = metadata["onceflow_source"], metadata["onceflow_batch"]
+    rows = (
+        spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT {lookback}")
+        .filter((F.get_json_object("userMetadata", "$.onceflow_source") == F.lit(source))
+                & (F.get_json_object("userMetadata", "$.onceflow_batch") == F.lit(str(batch))))
+        .select("operationMetrics")
+        .collect()
+    )
+    if not rows:
+        raise RuntimeError(f"{path}: Delta skipped batch {batch} of {source} as committed, but no commit of it is in "
+                           "the table's history")
+    return dict(rows[0]["operationMetrics"])

@@ -1,0 +1,277 @@
+"""Idempotent Delta commits: each commit carries a SetTransaction `(app_id, version)`.
+
+Delta skips a write whose `(txnAppId, txnVersion)` the table has already seen, atomically with the commit, so a
+replayed batch is a no-op before any row is compared. For SQL commands (MERGE) the ids travel as session
+settings; they are set and cleared around exactly one command under a lock, so no two writers of this process
+ever share them. Appends (`append_once`) have Delta's writer write the files and delta-rs commit them with the
+SetTransaction (see there).
+
+Also here: how Delta names a lost commit race, and the retention every onceflow table is created with (what the
+log says about commits is `onceflow.jobs.delta.commit_log`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+from deltalake import DeltaTable, Schema
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.table import TableFeatures
+from deltalake.transaction import AddAction, CommitProperties, Transaction
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
+
+from onceflow.jobs.delta.commit_log import ATTEMPT_KEY, committing_attempt, holds_batch
+from onceflow.jobs.delta.schema_evolution import conform
+from onceflow.resources.delta_storage import storage_options
+
+_APP_ID = "spark.databricks.delta.write.txnAppId"
+_VERSION = "spark.databricks.delta.write.txnVersion"
+_USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+_lock = threading.Lock()
+_created: set[str] = set()
+_starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onceflow-delta-txn")
+CREATE_RACE_CHECKS = 20
+_NEWER_COMMIT = "DELTA_CONCURRENT_COMMIT_AFTER_READ"
+"""Names the conflict `_merge_on_version` raises itself (Delta's error classes share the prefix)."""
+# How Delta names the conflicts of two writers committing at once (class names, or error classes over Connect).
+_CONFLICTS = ("DELTA_CONCURRENT_", "ConcurrentAppendException", "ConcurrentTransactionException",
+              "ConcurrentDeleteReadException", "ConcurrentDeleteDeleteException", "MetadataChangedException")
+
+
+def is_concurrent_commit(error: BaseException) -> bool:
+    """Whether `error` is Delta (Spark's or delta-rs's) refusing a commit because another writer committed first."""
+    return isinstance(error, CommitFailedError) or any(marker in str(error) for marker in _CONFLICTS)
+
+
+def create_table_once(
+    path: str, schema: T.StructType, properties: dict[str, str], partitioned_by: tuple[str, ...] = ()
+) -> None:
+    """Create the Delta table at `path` unless it exists, when another writer may be creating it at the same moment
+    (two first runs): whoever loses that race finds the table made, which is all it wanted.
+
+    delta-rs writes the first commit: the same table Spark's `CREATE TABLE` makes (protocol and table features
+    follow from the schema), in milliseconds instead of a Spark command's ~0.2 s.
+    """
+    if path in _created and (("://" in path) or os.path.isdir(f"{path}/_delta_log")):
+        return  # the common case: this process made or saw it, and it is still there
+    try:
+        _complete_protocol(_table(path), schema)
+        _created.add(path)
+        return
+    except TableNotFoundError:
+        pass
+    try:
+        table = DeltaTable.create(path, Schema.from_json(schema.json()), mode="error",
+                                  partition_by=list(partitioned_by) or None, configuration=properties,
+                                  storage_options=storage_options(path))
+    except Exception:
+        # The winner of the race may still be writing its first commit when this create fails: give it a moment.
+        for _ in range(CREATE_RACE_CHECKS):
+            try:
+                table = _table(path)
+                break
+            except TableNotFoundError:
+                time.sleep(0.5)
+        else:
+            raise  # the create failed, and not because someone else created the table
+    _complete_protocol(table, schema)
+    _created.add(path)
+
+
+def _complete_protocol(table: DeltaTable, schema: T.StructType) -> None:
+    """Add the `invariants` writer feature to a table with table features (delta-rs lists `timestampNtz`,
+    `variantType` for such columns) and a NOT NULL field: Delta's own writer refuses the table without it, and
+    delta-rs does not list it. Also run where the table exists: a crash or a racing creator may not have got to it.
+    """
+    features = table.protocol().writer_features
+    if features is None or "invariants" in features or not _has_not_null(schema):
+        return
+    try:
+        table.alter.add_feature(TableFeatures.Invariants)
+    except Exception:
+        if "invariants" not in (_table(table.table_uri).protocol().writer_features or ()):
+            raise  # not a racing writer having added it first
+
+
+def _has_not_null(schema: T.StructType) -> bool:
+    return any(not f.nullable or (isinstance(f.dataType, T.StructType) and _has_not_null(f.dataType))
+               for f in schema.fields)
+
+
+@contextmanager
+def delta_transaction(spark: SparkSession, app_id: str, version: int, metadata: dict[str, Any]) -> Iterator[None]:
+    """Run one Delta SQL command inside the block as the idempotent transaction `(app_id, version)`."""
+    with _lock:
+        spark.conf.set(_APP_ID, app_id)
+        spark.conf.set(_VERSION, str(version))
+        spark.conf.set(_USER_METADATA, json.dumps(metadata, sort_keys=True))
+        try:
+            yield
+        finally:
+            for key in (_APP_ID, _VERSION, _USER_METADATA):
+                spark.conf.unset(key)
+
+
+def begin_append(spark: SparkSession, path: str, prepare: Callable[[], None] | None = None) -> Future | None:
+    """Run `prepare` if given (it makes sure the tables exist), then start the Delta transaction whose writer
+    `append_once` will use on the table at `path`, both in the background; None over Spark Connect, where
+    nothing runs (the caller prepares, and Delta's `txnAppId` append does it all).
+
+    Starting a transaction brings Spark's view of the table up to date, which after a commit by delta-rs is a
+    Spark job of its own, and a first batch creates its tables: begun while the batch is read and validated, both
+    overlap that work. The transaction only lends its writer the table's definition (schema, constraints,
+    settings): the commit is delta-rs's, and `append_once` refuses it if the table was redefined since the
+    transaction began.
+    """
+    session = getattr(spark, "_jsparkSession", None)
+    if session is None:
+        return None
+    delta_log = spark._jvm.org.apache.spark.sql.delta.DeltaLog  # type: ignore[union-attr]
+
+    def begin() -> Any:
+        if prepare is not None:
+            prepare()
+        return delta_log.forTable(session, path).startTransaction()
+
+    return _starter.submit(begin)
+
+
+def append_once(
+    df: DataFrame, path: str, app_id: str, version: int, metadata: dict[str, Any], begun: Future | None = None,
+    read_version: int | None = None,
+) -> bool:
+    """Append `df` to the Delta table at `path` as the transaction `(app_id, version)`; False (nothing written) when
+    the table has committed that transaction already (`metadata[ATTEMPT_KEY]`, when given, tells this attempt's
+    commit from another's). `begun` is the table's `begin_append`, if started.
+
+    `read_version`: the table version the rows were found new against. The commit is then made on that version
+    and fails (`CommitFailedError`) if any writer, whatever its app id, committed since: a blind append rebased
+    over a commit that added one of its IDs would hold that ID twice. The caller decides again and retries.
+
+    On a classic session Delta's own writer writes the files (partitioned, with its statistics and constraint
+    checks) without committing, and delta-rs commits them with the SetTransaction. Both read the table's
+    transactions first, and a concurrent commit of the same `(app_id, version)` makes this one fail (delta-rs's
+    conflict check, as Spark's): exactly as safe as Delta's `txnAppId` append, but without the Spark state
+    reconstruction that append runs to read the transactions (about 0.4 s a commit, growing with the table).
+    Over Spark Connect, whose client cannot reach Delta's writer, Delta's `txnAppId` append does it all, or with
+    `read_version` an insert-only MERGE that conflicts with every commit since (`_merge_on_version`).
+    """
+    if holds_batch(path, app_id, version):
+        return False
+    if not hasattr(df, "_jdf") and read_version is not None:  # a Spark Connect DataFrame, decided on a version
+        return _merge_on_version(df, path, app_id, version, metadata, read_version)
+    text = json.dumps(metadata, sort_keys=True)
+    if not hasattr(df, "_jdf"):  # a Spark Connect DataFrame
+        (df.write.format("delta").mode("append").option("txnAppId", app_id).option("txnVersion", version)
+         .option("userMetadata", text).save(path))
+        # Delta skips an append whose transaction it has seen without saying so: the commit says whose it is.
+        return ATTEMPT_KEY not in metadata or committing_attempt(path, app_id, version) == metadata[ATTEMPT_KEY]
+    written_for, adds = _write_files(df, path, begun)
+    table = _table(path, version=read_version)
+    if holds_batch(path, app_id, version):
+        return False  # committed meanwhile; the files just written stay unreferenced until VACUUM removes them
+    latest = _table(path) if read_version is not None else table
+    if latest.version() > written_for and _definition(_table(path, version=written_for)) != _definition(latest):
+        # Written for a schema, constraints or protocol the table no longer has: Spark would refuse the commit too.
+        raise CommitFailedError(f"{path}: the table was redefined after version {written_for}, which this append "
+                                "was written for")
+    rows = sum(json.loads(add.stats)["numRecords"] for add in adds)
+    metrics = {"numFiles": str(len(adds)), "numOutputRows": str(rows),
+               "numOutputBytes": str(sum(add.size for add in adds))}
+    table.create_write_transaction(
+        adds, "append", table.schema(), partition_by=table.metadata().partition_columns,
+        commit_properties=CommitProperties(
+            custom_metadata={"userMetadata": text, "operationMetrics": metrics},
+            app_transactions=[Transaction(app_id, version)],
+            # On the version the rows were found new against, any commit since is a conflict, never a rebase.
+            max_commit_retries=0 if read_version is not None else None,
+        ),
+    )
+    return True
+
+
+def _merge_on_version(
+    df: DataFrame, path: str, app_id: str, version: int, metadata: dict[str, Any], read_version: int
+) -> bool:
+    """Over Spark Connect, append `df` as the transaction `(app_id, version)` unless any commit followed version
+    `read_version` (then a conflict error); False when the table has committed the transaction already.
+
+    Delta's `txnAppId` append is blind: it commits beside any concurrent commit. This is an insert-only MERGE
+    instead, whose match condition names a record ID no file's statistics admit (so it reads next to nothing) yet
+    makes Delta record a read of the whole table: any file a later commit adds, whatever its app id, conflicts
+    with it. Its source checks, once the MERGE's transaction has taken its snapshot, that the table has no commit
+    after `read_version`; the two together leave no commit since the rows were found new unchecked.
+    """
+    spark = df.sparkSession
+    view = f"onceflow_append_{uuid.uuid4().hex}"
+    df.createOrReplaceTempView(view)
+    newer = f"reflect('io.onceflow.DeltaCommits', 'exists', '{path}', CAST({read_version + 1} AS BIGINT))"
+    guarded = (f"SELECT * FROM {view} WHERE CASE WHEN (SELECT {newer}) = 'true' THEN raise_error("
+               f"'{_NEWER_COMMIT}: {path} has a commit after version {read_version}') ELSE true END")
+    try:
+        with delta_transaction(spark, app_id, version, metadata):
+            answer = spark.sql(
+                f"MERGE INTO delta.`{path}` t USING ({guarded}) s ON t.record_id = '' AND t.record_id = s.record_id "
+                "WHEN NOT MATCHED THEN INSERT *"
+            ).collect()
+    finally:
+        spark.catalog.dropTempView(view)
+    return bool(answer)  # Delta skips a MERGE whose SetTransaction it has seen: no result row, no commit
+
+
+def _write_files(df: DataFrame, path: str, begun: Future | None) -> tuple[int, list[AddAction]]:
+    """Write `df` as data files of the table at `path` with Delta's writer, uncommitted: the table version they
+    were written for, and their add actions."""
+    if begun is None:
+        begun = begin_append(df.sparkSession, path)
+    transaction = begun.result()  # type: ignore[union-attr]
+    # Delta's writer writes whatever schema it is given: only rows with the table's own schema become its files.
+    df = conform(df, T.StructType.fromJson(json.loads(transaction.metadata().schema().json())), path)
+    actions = transaction.writeFiles(df._jdf)
+    adds = []
+    for i in range(actions.size()):
+        add = json.loads(actions.apply(i).json())["add"]
+        adds.append(AddAction(add["path"], add["size"], add["partitionValues"], add["modificationTime"],
+                              add["dataChange"], add["stats"]))
+    return transaction.snapshot().version(), adds
+
+
+def _table(path: str, version: int | None = None) -> DeltaTable:
+    """delta-rs's table at `path` (through this module's name for `DeltaTable`, which tests replace)."""
+    return DeltaTable(path, version=version, storage_options=storage_options(path))
+
+
+def _definition(table: DeltaTable) -> tuple:
+    """What files written for a table depend on: its schema, partitioning, settings (constraints among them)
+    and protocol."""
+    metadata, protocol = table.metadata(), table.protocol()
+    return (table.schema().to_json(), metadata.partition_columns, metadata.configuration, protocol.min_reader_version,
+            protocol.min_writer_version, protocol.reader_features, protocol.writer_features)
+
+
+def latest_version(path: str) -> int:
+    """The table's newest version (read from its log with delta-rs: no Spark job)."""
+    return _table(path).version()
+
+
+def table_properties(retention_s: int, stats_columns: tuple[str, ...] = ()) -> dict[str, str]:
+    """The properties of every onceflow table: old versions kept for `retention_s`, a checkpoint every 10 commits
+    whichever engine commits (Spark's default; delta-rs, which commits appends, would take 100), and with
+    `stats_columns` file statistics for those columns only."""
+    hours = max(1, retention_s // 3600)
+    stats = {"delta.dataSkippingStatsColumns": ",".join(stats_columns)} if stats_columns else {}
+    return {
+        "delta.logRetentionDuration": f"interval {hours} hours",
+        "delta.deletedFileRetentionDuration": f"interval {hours} hours",
+        "delta.checkpointInterval": "10",
+        **stats,
+    }

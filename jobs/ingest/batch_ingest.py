@@ -1,0 +1,201 @@
+"""Ingest: exactly-once from a landed batch into the raw Delta table, which is the dedup catalog.
+
+Per batch: validate every record against the pipeline's record contract (`onceflow.jobs.ingest.validation`; bad ones become
+dead-letter rows with a reason) in one Spark action that caches the batch, and drop duplicates inside the batch
+(decided on the driver from a few of its columns). Then, with the ID filters (`onceflow.jobs.dedup.id_filters`, the fast path),
+look up only the IDs they cannot rule out and append the rest (`delta_txn.append_once`); without them,
+`MERGE INTO raw ... ON record_id ... WHEN NOT MATCHED THEN INSERT` with a partition predicate that bounds the
+lookup to the dedup horizon. Dead letters are MERGEd into the dead-letter table on their record ID, so a bad record
+redelivered in a later batch is held once. Every commit carries the SetTransaction `(app id, batch id)`, so
+replaying a committed batch changes nothing; a concurrent attempt at the same batch that commits first makes this
+one a replay.
+
+What a batch did is counted from independent facts where there are some: `landed` comes from the landing
+(Parquet metadata or the planned files' lines), `inserted` and `dead_lettered_new` from the Delta commits' own
+metrics; `balances()` checks them against the classification.
+"""
+
+from __future__ import annotations
+
+import uuid
+from concurrent.futures import Future
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame, SparkSession
+
+from onceflow.jobs.declare.record_contract import RecordContract
+from onceflow.jobs.declare.schema import quoted
+from onceflow.jobs.dedup.filter_store import IdFilterStore
+from onceflow.jobs.dedup.first_records import first_ids, first_per_id, without_ordinals
+from onceflow.jobs.dedup.id_filters import IdFilters, committed_among, id_hashes
+from onceflow.jobs.dedup.log_ids import remember_commit_ids
+from onceflow.jobs.delta.commit_log import ATTEMPT_KEY, own_commit_version
+from onceflow.jobs.delta.raw_table import BUCKET_MS, DEAD_LETTER_SCHEMA, bucket_of, ensure_raw_table
+from onceflow.jobs.delta.transactions import (
+    append_once,
+    begin_append,
+    create_table_once,
+    latest_version,
+    table_properties,
+)
+from onceflow.jobs.ingest.batch_commit import Written, append_new, commit_once, merge_once
+from onceflow.jobs.ingest.result import IngestResult
+from onceflow.jobs.ingest.validation import classify
+from onceflow.jobs.sources.checkpoint import BatchPlan
+from onceflow.jobs.sources.reader import SourceRuntime
+from onceflow.resources.faults import crash_point
+
+PLAN_KEY = "onceflow_plan"
+EVENT_TIMES_KEY = "onceflow_event_times"
+
+
+def ensure_tables(source: SourceRuntime) -> None:
+    ensure_raw_table(source.raw_path, source.pipeline)
+    create_table_once(source.dead_letter_path, DEAD_LETTER_SCHEMA, table_properties(source.pipeline.retention_s))
+
+
+def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, landed: DataFrame) -> IngestResult:
+    """Commit one landed batch to the raw and dead-letter tables, exactly once (or at least once)."""
+    # Made (on a first batch) and the append's transaction begun beside the batch's first Spark job.
+    begun = begin_append(spark, source.raw_path, lambda: ensure_tables(source))
+    if begun is None:
+        ensure_tables(source)
+    pipeline = source.pipeline
+    result = IngestResult(batch_id=plan.batch_id, landed=source.reader.landed_count(plan))
+    ingested_at = "timestamp_millis(_ingested_ms) AS ingested_at"
+    # The plan travels in the commit: a checkpoint restored from an old copy loses plans, the lake keeps them.
+    # The attempt's id tells which of two concurrent attempts at the batch made the commit that holds it.
+    metadata = {"onceflow_source": source.app_id, "onceflow_batch": plan.batch_id, PLAN_KEY: plan.to_dict(),
+                ATTEMPT_KEY: uuid.uuid4().hex}
+    contract = RecordContract.of(pipeline)
+    checked = classify(landed, contract, plan.planned_at_ms, plan.horizon_floor_ms, batch_id=plan.batch_id,
+                       _ingested_ms=plan.planned_at_ms)
+    # Projections are SQL text: each column built in Python costs round trips to the JVM.
+    classified = checked.selectExpr(
+        *(quoted(name) for name in checked.columns if name not in ("data", "attributes")),
+        f"{bucket_of('event_time')} AS time_bucket",
+        # The record's bytes are kept only where a dead letter needs them (text that is not UTF-8): half the cache.
+        "CASE WHEN reason IS NOT NULL THEN coalesce(payload, base64(data)) END AS raw",
+    ).cache()
+    try:
+        # One Spark action reads, validates and caches the batch; what the counts need comes back in a few columns.
+        slim = classified.selectExpr(
+            "reason", "record_id", "ordinal", "unix_millis(event_time) AS t", "time_bucket"
+        ).toArrow()
+        if begun is not None:
+            begun.result()  # the tables exist from here on
+        _summarize(slim, result)
+        if result.min_event_time_ms is not None:  # and its event times, for the watermark and the windows
+            metadata[EVENT_TIMES_KEY] = [result.min_event_time_ms, result.max_event_time_ms]
+        if result.dead_lettered:
+            dead = classified.filter("reason IS NOT NULL").selectExpr(
+                "source_position", "raw", "reason", "detail",
+                "record_id", "event_time", "batch_id", ingested_at, "ordinal",
+            )
+            written = merge_once(spark, source, plan, first_per_id(dead), source.dead_letter_path, "", metadata)
+            result.dead_lettered_new = written.inserted
+        # Dead letters commit first, raw last: a batch is committed once raw holds it (`micro_batch.lake_batch`).
+        crash_point("ingest.after_dead_letters")
+        valid = classified.filter("reason IS NULL").selectExpr(
+            "record_id", "event_time", *(quoted(f.name) for f in contract.schema), "payload", "source_position",
+            "publish_time", "batch_id", ingested_at, "time_bucket", "ordinal",
+        )
+        valid_count = result.received - result.dead_lettered_total
+        if pipeline.delivery == "at_least_once":
+            written = append_new(spark, source, plan, valid.drop("ordinal"), valid_count, metadata, begun)
+            result.raw_version = latest_version(source.raw_path)
+            result.replayed, result.lost_race, result.inserted = written.replayed, written.lost_race, written.inserted
+            return result
+        firsts, repeats = first_ids(slim.filter(pc.is_null(slim["reason"])))
+        unique_count = firsts.num_rows
+        if source.id_filters is None:
+            unique = without_ordinals(valid, repeats)
+            written = merge_once(spark, source, plan, unique, source.raw_path, _horizon(plan.horizon_floor_ms),
+                                 metadata)
+        else:
+            written = _merge_with_filters(spark, source, source.id_filters, plan, valid, (firsts, repeats), metadata,
+                                          result, begun)
+        result.duplicates_in_batch = valid_count - unique_count
+        result.raw_version = latest_version(source.raw_path)
+        result.replayed, result.lost_race = written.replayed, result.lost_race or written.lost_race
+        result.inserted = written.inserted
+        result.duplicates_committed = unique_count - written.inserted
+        return result
+    finally:
+        classified.unpersist()
+
+
+def _horizon(horizon_floor_ms: int | None) -> str:
+    # A constant predicate on the partition column: the MERGE reads only buckets inside the dedup horizon.
+    return "" if horizon_floor_ms is None else f" AND t.time_bucket >= {horizon_floor_ms // BUCKET_MS}"
+
+
+def _merge_with_filters(
+    spark: SparkSession, source: SourceRuntime, store: IdFilterStore, plan: BatchPlan, valid: DataFrame,
+    dedup: tuple[pa.Table, np.ndarray], metadata: dict, result: IngestResult, begun: Future | None,
+) -> Written:
+    """Commit the first record of each ID of a batch's `valid` records (`dedup`: those firsts' `record_id,
+    time_bucket, ordinal`, and the ordinals of the repeats) unless the table holds its ID, looking up only the IDs
+    the ID filters cannot rule out; then the batch's IDs join the filters.
+
+    The append is made on the very table version the filters answered for, and any commit since, whatever its app
+    id, makes it fail: then it is decided again against the filters caught up with that commit, and retried.
+    """
+    ids, repeats = dedup
+    floor = None if plan.horizon_floor_ms is None else plan.horizon_floor_ms // BUCKET_MS
+    hashes = id_hashes(ids["record_id"])
+    transactions = iter([begun])  # the one begun ahead serves the first attempt; a retry starts afresh
+    held: list[tuple[IdFilters, pa.ChunkedArray | pa.Array]] = []  # the last try's filters and the IDs it added
+
+    def append() -> int | None:
+        while held:  # a retry: the last try's filters go back, to be caught up with the commit that beat it
+            store.release(held.pop()[0])
+        filters = store.load(floor)
+        seen, added, dropped = _committed_ids(filters, source.raw_path, ids, hashes, result)
+        held.append((filters, added))
+        rows = without_ordinals(valid, np.concatenate([repeats, dropped]))  # one filter drops both kinds
+        written = append_once(rows, source.raw_path, source.app_id, plan.batch_id, metadata,
+                              next(transactions, None), read_version=filters.version)
+        return ids.num_rows - len(seen) if written else None
+
+    written = commit_once(spark, source, plan, source.raw_path, metadata, append)
+    if held:
+        filters, added = held.pop()
+        if not written.replayed:
+            filters.add(hashes, ids["time_bucket"].to_numpy())
+            version = own_commit_version(source.raw_path, metadata, after=filters.version)
+            if version > filters.version:  # the batch's own commit: the IDs it added need no reading back
+                remember_commit_ids(source.raw_path, version, added)
+            filters.version = version
+        filters.drop_below(floor)
+        store.release(filters)
+    return written
+
+
+def _committed_ids(
+    filters: IdFilters, raw_path: str, ids: pa.Table, hashes: np.ndarray, result: IngestResult
+) -> tuple[list[str], pa.ChunkedArray | pa.Array, np.ndarray]:
+    """Which of the batch's first IDs (`ids`) the table held at the filters' version, the IDs it does not hold,
+    and the ordinals of the rows to drop for the former. Only IDs the filters cannot rule out are looked up."""
+    maybe, buckets = filters.maybe_seen(hashes)
+    result.fast_path = {"proven_new": int(len(hashes) - maybe.sum()), "maybe_seen": int(maybe.sum()),
+                        "filters_rebuilt": filters.rebuilt, "filters_caught_up_commits": filters.caught_up}
+    if not buckets:
+        return [], ids["record_id"], np.array([], dtype=np.int64)
+    # An ID the filters rule out is in no bucket of the table: only the "maybe" IDs are looked up.
+    seen, read = committed_among(filters, raw_path, ids["record_id"].filter(pa.array(maybe)))
+    committed = pc.is_in(ids["record_id"], value_set=pa.array(seen, ids["record_id"].type))
+    result.fast_path.update({"committed_found": len(seen), "buckets_read": read})
+    return seen, ids["record_id"].filter(pc.invert(committed)), ids["ordinal"].filter(committed).to_numpy()
+
+
+def _summarize(slim: pa.Table, result: IngestResult) -> None:
+    """Counts per reason and the valid records' event-time range, from the batch's slim columns."""
+    result.received = slim.num_rows
+    for entry in pc.value_counts(slim["reason"].drop_null()).to_pylist():
+        result.dead_lettered[entry["values"]] = entry["counts"]
+    times = slim.filter(pc.is_null(slim["reason"]))["t"]
+    if len(times):
+        result.min_event_time_ms, result.max_event_time_ms = pc.min(times).as_py(), pc.max(times).as_py()

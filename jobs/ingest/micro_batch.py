@@ -1,0 +1,218 @@
+"""One micro-batch of a source, end to end: plan (and land), ingest, then advance the checkpoint.
+
+Each step is safe to crash in, and to overlap with another attempt at the same batch. A landed-but-uncommitted
+batch is replayed as it was; a batch that committed but whose checkpoint did not advance is recognised by its
+Delta SetTransaction and skipped; redelivered messages are deduplicated against the raw table. Every checkpoint
+change is a compare-and-swap recomputed on the newest checkpoint, so an overlapping run never moves it back.
+
+Batch numbers never trust the checkpoint alone: the next batch is above both the checkpoint's last one and the
+SetTransaction version the lake holds for the source. A checkpoint lost or restored from an older copy is said
+loudly (the `onceflow` logger, which Dagster records in the run) and numbering continues above the lake's.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pyspark.sql import SparkSession
+
+from onceflow.jobs.delta.commit_log import committed_batch, committed_metadata
+from onceflow.jobs.ingest.batch_ingest import EVENT_TIMES_KEY, PLAN_KEY, ingest_batch
+from onceflow.jobs.ingest.result import IngestResult
+from onceflow.jobs.sources.checkpoint import BatchPlan, SourceCheckpoint
+from onceflow.jobs.sources.reader import SourceReader, SourceRuntime, source_watermark_ms
+from onceflow.resources.faults import crash_point
+from onceflow.resources.spark_functions import register_spark_functions
+
+log = logging.getLogger("onceflow")
+
+
+def run_micro_batch(get_spark: Callable[[], SparkSession], source: SourceRuntime) -> IngestResult | None:
+    """Land and ingest the next batch of the source; None when the source has no new data.
+
+    Either way the source's watermark is brought up to date and persisted with the checkpoint (an idle source's
+    watermark advances too). Spark is asked for only once there is a batch, so an idle poll costs no Spark work.
+    """
+    pipeline, reader = source.pipeline, source.reader
+    reader.before_batch(_now_ms())
+    checkpoint, realigned_from = align_with_lake(source)
+    floor = horizon_floor_ms(pipeline.delivery, pipeline.dedup_horizon_s, checkpoint)
+    plan = reader.next_plan(checkpoint, floor)
+    if plan is None:
+        source.checkpoints.update(lambda c: _with_watermark(reader, c))
+        return None
+    spark = get_spark()
+    register_spark_functions(spark)
+    result = ingest_batch(spark, source, plan, reader.landed(spark, plan))
+    result.realigned_from = realigned_from
+    if result.lost_race:
+        log.warning(f"{source.app_id} batch {plan.batch_id}: a concurrent attempt committed it first; this run "
+                    "wrote nothing and counts that commit's figures")
+    crash_point("ingest.after_merge")
+    source.checkpoints.update(lambda c: advanced(reader, c, plan, result))
+    return result
+
+
+def lake_batch(source: SourceRuntime) -> int:
+    """The last batch of the source the lake has committed: the SetTransaction version its raw table holds.
+
+    A batch commits its dead letters first and its raw rows last, so one the dead-letter table alone holds is not
+    committed: its valid records are in no table yet (see `pending_batch`).
+    """
+    return committed_batch(source.raw_path, source.app_id) or 0
+
+
+def lake_ahead(source: SourceRuntime, committed: int) -> bool:
+    """Whether the lake holds a batch of the source after `committed` in either table: committed, or begun (its
+    dead letters in) and to be replayed."""
+    return max(lake_batch(source), committed_batch(source.dead_letter_path, source.app_id) or 0) > committed
+
+
+def pending_batch(source: SourceRuntime, lake: int) -> None:
+    """Make batch `lake + 1` replay as it was planned when its dead letters committed but its raw rows did not
+    (the run died between the two commits) and the checkpoints lost its plan: the plan its commit carries is
+    recorded again, so the next batch is that one, not a new one above it."""
+    pending = lake + 1
+    if (committed_batch(source.dead_letter_path, source.app_id) or 0) < pending:
+        return
+    if source.checkpoints.get_plan(pending) is not None:
+        return
+    plan = _plan_in(committed_metadata(source.dead_letter_path, source.app_id, [pending]).get(pending, {}))
+    if plan is not None:
+        source.checkpoints.plan(plan)
+
+
+def align_with_lake(source: SourceRuntime) -> tuple[SourceCheckpoint, int | None]:
+    """The checkpoint, moved up to the last batch the lake has committed for this source if it was behind; and
+    the batch it said before, when it was behind (else None).
+
+    The lake one batch ahead with that batch's plan at hand is the ordinary crash between the Delta commit and
+    the checkpoint: the plan is replayed (a no-op in Delta) and advances the checkpoint as it should. Further
+    ahead, or without the plan, the checkpoint was lost or restored from an older copy. What it skips is learnt
+    back from the commits themselves: each carries its plan and its records' event-time range, so the watermark
+    and the windows go on as if the checkpoint had never been behind.
+    """
+    lake = lake_batch(source)
+    pending_batch(source, lake)
+    checkpoint = source.checkpoints.load()
+    next_batch = checkpoint.next_batch
+    if lake < next_batch or (lake == next_batch and source.checkpoints.get_plan(next_batch) is not None):
+        return checkpoint, None
+    log.warning(
+        f"{source.app_id}: the checkpoint's last committed batch is {checkpoint.committed_batch} but the lake has "
+        f"committed batch {lake}: the checkpoint was lost or restored from an older copy. Numbering continues at "
+        f"batch {lake + 1}; nothing committed is lost or written twice (`onceflow reset {source.pipeline.name}` "
+        "starts a new epoch deliberately)"
+    )
+    carried = committed_metadatas(source, range(next_batch, lake + 1))
+
+    def realign(c: SourceCheckpoint) -> SourceCheckpoint:
+        # The batches it skips are committed: their messages leave the source's backlog as if each had advanced
+        # the checkpoint (else a backlog kept from what onceflow saw waits for them for ever).
+        watermark = source.reader.watermark(c.watermark)
+        for batch in range(c.committed_batch + 1, lake + 1):
+            metadata = carried.get(batch, {})
+            times = metadata.get(EVENT_TIMES_KEY)
+            if times is not None:
+                with_event_times(c, batch, *times)
+            plan = source.checkpoints.get_plan(batch) or _plan_in(metadata)
+            if plan is None:
+                continue
+            c.taken_files.update({f.path: f for f in plan.files})
+            try:
+                source.reader.after_commit(watermark, plan, _Realigned(times[1] if times else None), _now_ms())
+            except FileNotFoundError:
+                log.warning(f"{source.app_id} batch {batch}: its landing is gone; the watermark may wait for it")
+        c.watermark = watermark.to_state()
+        c.committed_batch = max(c.committed_batch, lake)
+        return c
+
+    return source.checkpoints.update(realign), checkpoint.committed_batch
+
+
+def committed_metadatas(source: SourceRuntime, batches: range) -> dict[int, dict]:
+    """What the commits of `batches` carried, by batch, from the raw and dead-letter tables' logs."""
+    found: dict[int, dict] = {}
+    for path in (source.raw_path, source.dead_letter_path):
+        found = committed_metadata(path, source.app_id, [b for b in batches if b not in found]) | found
+    return found
+
+
+def plan_of(source: SourceRuntime, batch: int) -> BatchPlan | None:
+    """A committed batch's plan: from the checkpoints, else as its commit carried it (what is left when the
+    checkpoints were restored from an old copy); None when neither holds it."""
+    plan = source.checkpoints.get_plan(batch)
+    return plan or _plan_in(committed_metadatas(source, range(batch, batch + 1)).get(batch, {}))
+
+
+def _plan_in(metadata: dict) -> BatchPlan | None:
+    return BatchPlan.from_dict(metadata[PLAN_KEY]) if PLAN_KEY in metadata else None
+
+
+@dataclass(frozen=True)
+class _Realigned:
+    """What the watermark learns from a batch found committed in the lake: the newest event time its commit
+    carried (None from a commit made before commits carried it)."""
+
+    max_event_time_ms: int | None
+
+
+def horizon_floor_ms(delivery: str, dedup_horizon_s: int, checkpoint: SourceCheckpoint) -> int | None:
+    """Records older than this cannot be checked against the dedup catalog any more.
+
+    The floor follows the source's watermark, never the largest event time seen: one record with an absurd
+    timestamp cannot move it (and a future one is dead-lettered before it reaches the watermark).
+    """
+    watermark = source_watermark_ms(checkpoint)
+    if delivery != "exactly_once" or watermark is None:
+        return None
+    return watermark - dedup_horizon_s * 1000
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _with_watermark(reader: SourceReader, checkpoint: SourceCheckpoint) -> SourceCheckpoint:
+    watermark = reader.watermark(checkpoint.watermark)
+    watermark.current(_now_ms())
+    checkpoint.watermark = watermark.to_state()
+    return checkpoint
+
+
+def advanced(
+    reader: SourceReader, checkpoint: SourceCheckpoint, plan: BatchPlan, result: IngestResult
+) -> SourceCheckpoint | None:
+    """The checkpoint with batch `plan` committed; None if a concurrent attempt advanced it already, or if this
+    attempt lost the commit race (the attempt whose commit holds the batch advances it with that commit's figures,
+    or a later replay does if it died first)."""
+    if checkpoint.committed_batch >= plan.batch_id or result.lost_race:
+        return None
+    watermark = reader.watermark(checkpoint.watermark)
+    reader.after_commit(watermark, plan, result, _now_ms())
+    watermark.current(_now_ms())
+    checkpoint.watermark = watermark.to_state()
+    checkpoint.committed_batch = plan.batch_id
+    if result.min_event_time_ms is not None and result.max_event_time_ms is not None:
+        with_event_times(checkpoint, plan.batch_id, result.min_event_time_ms, result.max_event_time_ms)
+    checkpoint.taken_files.update({f.path: f for f in plan.files})
+    for name, count in (
+        ("received", result.received),
+        ("inserted", result.inserted),
+        ("duplicates", result.duplicates),
+        ("dead_lettered", result.dead_lettered_new),
+    ):
+        checkpoint.totals[name] = checkpoint.totals.get(name, 0) + count
+    return checkpoint
+
+
+def with_event_times(checkpoint: SourceCheckpoint, batch_id: int, min_ms: int, max_ms: int) -> None:
+    """Widen the checkpoint's event-time range by batch `batch_id`'s valid records, `[min_ms, max_ms]`."""
+    old_min, old_max = checkpoint.min_event_time_ms, checkpoint.max_event_time_ms
+    checkpoint.min_event_time_ms = min_ms if old_min is None else min(old_min, min_ms)
+    checkpoint.max_event_time_ms = max_ms if old_max is None else max(old_max, max_ms)
+    recent = [*checkpoint.recent_batches, (batch_id, min_ms)]
+    checkpoint.recent_batches = recent[-SourceCheckpoint.RECENT_BATCHES :]

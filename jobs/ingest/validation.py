@@ -1,0 +1,161 @@
+"""Parse and validate landed records against a pipeline's record contract, in Spark (no Python per record).
+
+`classify` adds to a landed batch (`ordinal, source_position, publish_time, attributes, data`) the columns
+`payload` (the record as text), `record_id`, `event_time`, one typed column per schema field, and `reason` /
+`detail`: NULL for a valid record, else why it is a dead letter. The first failing check names the reason:
+
+- `oversized` (more than `max_record_bytes`), `not_json` (not UTF-8, not JSON, or not a JSON object);
+- per schema field, in order (see `onceflow.jobs.ingest.record_fields`: Spark's JSON reader converts, onceflow is stricter in a
+  few places): `missing_field` (absent or null but NOT NULL, also inside a STRUCT), `wrong_type` (a JSON value
+  Spark's reader does not convert to the type, e.g. `"abc"` or `true` for a DECIMAL, `5.5` for an INT, a time
+  string that does not parse), `out_of_range` (it does not fit, e.g. 300 for a TINYINT, 1e40 for a FLOAT,
+  `"1.234"` for a DECIMAL(18, 2)); `detail` names the failing value's path, `items[2].price`;
+- `missing_event_time`, `bad_event_time` (neither RFC 3339 nor epoch milliseconds);
+- `event_time_out_of_range` (more than `max_clock_skew` after the batch time), `beyond_dedup_horizon` (before
+  the batch's horizon floor: it can no longer be checked against the dedup catalog).
+
+`detail` says what was found. Replays classify identically: the batch time and the horizon floor
+come from the batch plan, never from the clock.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from onceflow.jobs.declare.record_contract import RecordContract
+from onceflow.jobs.declare.schema import quoted, type_ddl
+from onceflow.jobs.ingest.batch_values import with_batch_values
+from onceflow.jobs.ingest.record_fields import OPTIONS, failure, narrowed, strict, wide
+
+_BATCH_COLUMNS = ("_batch_time_ms", "_latest_ms", "_floor_ms", "_batch_time", "_latest", "_floor")
+
+
+def parse_time(text: Column) -> Column:
+    """A time string as a TIMESTAMP: up to 15 digits are epoch milliseconds, anything else RFC 3339; else NULL."""
+    return F.when(text.rlike(r"^-?[0-9]{1,15}$"), F.timestamp_millis(text.cast("bigint"))).otherwise(
+        F.try_to_timestamp(text)
+    )
+
+
+def _record_schema(contract: RecordContract) -> str:
+    """The DDL `from_json` reads a record with: the schema's fields (see `onceflow.jobs.ingest.record_fields.wide`), the ID and
+    time fields that are not among them as STRING, and the corrupt-record column."""
+    declared = {f.name for f in contract.schema}
+    located = [name for name in (contract.id_field, contract.time_field) if name and name not in declared]
+    return ", ".join([*(f"{quoted(f.name)} {type_ddl(wide(f.dataType))}" for f in contract.schema),
+                      *(f"{quoted(name)} STRING" for name in dict.fromkeys(located)), "_corrupt STRING"])
+
+
+def _flagged(contract: RecordContract) -> str:
+    """SQL: whether the record (`_rec`) has a value Spark did not convert, one onceflow refuses, or misses a NOT NULL
+    field: only then is `onceflow.jobs.ingest.record_fields.failure` worked out."""
+    conditions = ["_rec IS NULL", "_rec._corrupt IS NOT NULL"]
+    for field in contract.schema:
+        value = f"_rec.{quoted(field.name)}"
+        if not field.nullable:
+            conditions.append(f"{value} IS NULL")
+        check = strict(field.dataType, value)
+        if check is not None:
+            conditions.append(f"NOT {check}")
+    return f"payload IS NOT NULL AND _bytes <= {contract.max_record_bytes} AND ({' OR '.join(conditions)})"
+
+
+def classify(
+    landed: DataFrame, contract: RecordContract, batch_time_ms: int, horizon_floor_ms: int | None, **batch: int
+) -> DataFrame:
+    """Parse and validate every landed record; see the module docstring for the columns added. `batch` names
+    further numbers of the batch (its id, say) to add as columns, the same on every row."""
+    df = with_batch_values(
+        landed, _batch_time_ms=batch_time_ms, _latest_ms=batch_time_ms + contract.max_clock_skew_ms,
+        _floor_ms=horizon_floor_ms or 0, **batch,
+    )
+    # Spark Connect's columns and a classic session's are different objects: each kind is built once.
+    for stage in _stages(contract, horizon_floor_ms is not None, connect=not hasattr(landed, "_jdf")):
+        df = df.withColumns(stage)
+    internal = {"_rec", "_flag", "_fields", "_bytes", "_time_raw", "_verdict", *_BATCH_COLUMNS}
+    # Naming the verdict's parts and dropping the internal columns is one projection (each costs an analysis),
+    # written as SQL text: each column built in Python costs round trips to the JVM.
+    kept = [quoted(name) for name in df.columns if name not in internal]
+    return df.selectExpr(*kept, "_verdict.reason AS reason", "_verdict.detail AS detail")
+
+
+@functools.cache
+def _stages(contract: RecordContract, with_floor: bool, connect: bool) -> tuple[dict[str, Column], ...]:
+    """The columns `classify` adds, stage by stage (each stage reads only the ones before it).
+
+    Built once per contract: a batch's own values (its time, its horizon floor) are columns of the batch, so
+    the expressions are the same for every batch and none is rebuilt (each costs Spark calls from Python).
+    """
+    limit = contract.max_record_bytes
+    fallback = F.col("publish_time") if contract.time_from_publish else F.lit(None).cast("timestamp")
+    # The record is read once, by Spark's JSON reader; only a flagged record (rare) is looked at again.
+    parsed = {f.name: F.expr(narrowed(f.dataType, f"_rec.{quoted(f.name)}")) for f in contract.schema}
+    located = {
+        "_fields": F.expr(f"CASE WHEN _flag THEN {failure(contract.schema)} END"),
+        "record_id": F.coalesce(_located(contract, contract.id_attribute, contract.id_field), F.col("source_position")),
+        "_time_raw": _located(contract, contract.time_attribute, contract.time_field),
+    }
+    event_time = F.col("event_time")
+    checks: list[tuple[Column, str, Column]] = [
+        (F.col("_bytes") > limit, "oversized", F.format_string(f"record is %d bytes; the limit is {limit}", "_bytes")),
+        (F.col("payload").isNull(), "not_json", F.lit("payload is not valid UTF-8")),
+        (F.col("_fields").isNotNull(), "", F.lit(None)),  # the reason and detail `failure` found
+        (event_time.isNull() & F.col("_time_raw").isNull(), "missing_event_time", F.lit("no event time")),
+        (
+            event_time.isNull(),
+            "bad_event_time",
+            F.format_string("event time %s is neither RFC 3339 nor epoch milliseconds", F.substring("_time_raw", 1, 60)),
+        ),
+        (
+            event_time > F.col("_latest"),
+            "event_time_out_of_range",
+            F.format_string(
+                f"event time %s is more than {contract.max_clock_skew_ms // 1000}s after the batch time %s",
+                event_time.cast("string"),
+                F.col("_batch_time").cast("string"),
+            ),
+        ),
+    ]
+    if with_floor:
+        checks.append(
+            (
+                event_time < F.col("_floor"),
+                "beyond_dedup_horizon",
+                F.format_string(
+                    "event time %s is older than the dedup horizon (%s)", event_time.cast("string"),
+                    F.col("_floor").cast("string"),
+                ),
+            )
+        )
+    # One chain of conditions gives both the reason and its detail: each check is evaluated once per record.
+    verdict = F.struct(F.lit(None).cast("string").alias("reason"), F.lit(None).cast("string").alias("detail"))
+    for condition, name, text in reversed(checks):
+        found = F.struct(F.lit(name).alias("reason"), text.alias("detail")) if name else F.col("_fields")
+        verdict = F.when(condition, found).otherwise(verdict)
+    return (
+        {"_bytes": F.length("data"), "payload": F.expr("try_validate_utf8(cast(data AS STRING))"),
+         **{name: F.timestamp_millis(f"{name}_ms") for name in ("_batch_time", "_latest", "_floor")}},
+        {"_rec": F.expr(f"CASE WHEN _bytes <= {limit} THEN from_json(payload, '{_record_schema(contract)}', {OPTIONS}) END")},
+        {"_flag": F.expr(_flagged(contract)), **parsed},
+        located,
+        {"event_time": F.when(F.col("_time_raw").isNull(), fallback).otherwise(parse_time(F.col("_time_raw")))},
+        {"_verdict": verdict},
+    )
+
+
+def _located(contract: RecordContract, attribute: str | None, field: str | None) -> Column:
+    """A string from a message attribute or a payload field (a number's or an object's text); NULL when absent."""
+    if attribute is not None:
+        return F.element_at(F.col("attributes"), F.lit(attribute))
+    if field is None:
+        return F.lit(None).cast("string")
+    alone = f"from_json(payload, '{quoted(field)} STRING', {OPTIONS}).{quoted(field)}"
+    declared = {f.name: f.dataType for f in contract.schema}
+    if isinstance(declared.get(field, T.StringType()), T.StringType):
+        # Read with the record; a flagged record may have lost it (Spark stops at a value it cannot convert).
+        return F.expr(f"CASE WHEN _flag THEN {alone} ELSE _rec.{quoted(field)} END")
+    return F.expr(f"CASE WHEN _bytes <= {contract.max_record_bytes} THEN {alone} END")

@@ -1,0 +1,147 @@
+"""The reader of a `FileSource`: a directory of JSON-lines files, planned by fingerprint before it is read.
+
+The next batch's plan lists its files (path, size, SHA-256) before any of them is read, so a replay reads exactly
+the same bytes and a file that changed since is an error naming it. A batch's files are read by Spark's executors
+(`landed`), never through the driver: each non-empty line is one record at position `<relative path>:<byte
+offset>`, its bytes exactly as in the file (a line's trailing CR dropped).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from urllib.parse import unquote, urlparse
+
+from pyspark.sql import DataFrame, SparkSession
+
+from onceflow.jobs.declare.declaration import FileSource, Pipeline
+from onceflow.jobs.declare.durations import parse_duration
+from onceflow.jobs.declare.schema import sql_strings
+from onceflow.jobs.sources.checkpoint import BatchPlan, CheckpointStore, SourceCheckpoint
+from onceflow.jobs.sources.landed_ids import LandedRow
+from onceflow.jobs.sources.landing import BatchOutcome
+from onceflow.jobs.sources.watermark import FileWatermark, WatermarkEstimator
+from onceflow.resources.files import FileEntry, JsonLinesDirectory
+
+FILE_STRIDE = 1 << 40
+"""Ordinals are `file index * FILE_STRIDE + byte offset`: landing order, for files under a terabyte."""
+
+
+class UnlistedFileError(RuntimeError):
+    """Spark's listing of a batch's files does not name one of them (it cannot be told apart from the others)."""
+
+
+def _file_lines(spark: SparkSession, paths: list[str]) -> DataFrame:
+    """Every line of the files at `paths` in one scan, with the index of its file in `paths` (`file`) and its byte
+    offset in that file (`offset`, as a string)."""
+    # lineSep "\n" keeps a CR in the line (so byte offsets add up); the text source keeps the bytes undecoded.
+    lines = spark.read.option("lineSep", "\n").text(paths)
+    # Spark names a line's file by a URI of its own spelling (some characters escaped): the one it listed, where
+    # a local file is `file:/path` (the listing writes `file:///path`).
+    listed = {os.path.normpath(unquote(urlparse(uri).path)): re.sub("^file:///", "file:/", uri)
+              for uri in lines.inputFiles()}
+    uris = [listed.get(os.path.normpath(path)) for path in paths]
+    if None in uris:
+        missing = [path for path, uri in zip(paths, uris, strict=True) if uri is None]
+        raise UnlistedFileError(f"Spark's listing of the batch's files does not name {missing}")
+    position = f"array_position({sql_strings(uris)}, _metadata.file_path)"
+    located = lines.selectExpr(
+        "value",
+        f"CAST(CASE WHEN {position} > 0 THEN {position} - 1 ELSE raise_error('a line of a file not in the batch') END"
+        " AS INT) AS file",
+        "_metadata.file_block_start AS block",
+    )
+    # Two projections: `reflect` evaluates its arguments without generated code, so they are columns made before.
+    return located.selectExpr("value", "file", f"{_line_offsets(uris)} AS offset")
+
+
+def _line_offsets(uris: list[str]) -> str:
+    """SQL for the byte offset in its file (as a string) of each line of a text scan of the files Spark listed as
+    `uris` (columns `value`, `file` and `block`, the start of the line's file split): summed as the lines are read,
+    by `io.onceflow.LineOffsets` (`LineOffsets.java`, beside this module), which every onceflow Spark session and engine loads."""
+    # The URI is needed (and made) only where a split starts inside a file; the executor opens it as its scan did.
+    uri = f"CASE WHEN block > 0 THEN element_at({sql_strings(uris)}, file + 1) END"
+    return f"reflect('io.onceflow.LineOffsets', 'offset', file, block, CAST(octet_length(value) + 1 AS INT), {uri})"
+
+
+class FileReader:
+    """See the module docstring; `pipeline.source` is a settings-resolved `FileSource`."""
+
+    def __init__(self, pipeline: Pipeline, checkpoints: CheckpointStore) -> None:
+        source = pipeline.source
+        if not isinstance(source, FileSource) or source.max_files is None:
+            raise TypeError("FileReader needs a settings-resolved FileSource")
+        self.pipeline, self.source, self.checkpoints = pipeline, source, checkpoints
+        self.directory = JsonLinesDirectory(source.directory, source.pattern)
+        self._counts: dict[FileEntry, int] = {}
+
+    def has_data(self, checkpoint: SourceCheckpoint) -> bool:
+        return bool(self.directory.discover(set(checkpoint.taken_files), 1, 1))
+
+    def next_plan(self, checkpoint: SourceCheckpoint, horizon_floor_ms: int | None) -> BatchPlan | None:
+        plan = self.checkpoints.get_plan(checkpoint.next_batch)
+        if plan is not None:
+            return plan
+        assert self.source.max_files is not None
+        files = self.directory.discover(set(checkpoint.taken_files), self.source.max_files, self.source.max_bytes)
+        if not files:
+            return None
+        return self.checkpoints.plan(
+            BatchPlan(
+                batch_id=checkpoint.next_batch,
+                kind="files",
+                horizon_floor_ms=horizon_floor_ms,
+                planned_at_ms=int(time.time() * 1000),
+                files=tuple(files),
+            )
+        )
+
+    def landed(self, spark: SparkSession, plan: BatchPlan) -> DataFrame:
+        # The driver reads each file once a batch: to check that it is the file planned, and to count its records.
+        self._counts = {entry: self.directory.count(entry) for entry in plan.files}
+        paths = [self.directory.path_of(entry) for entry in plan.files]
+        lines = _file_lines(spark, paths)
+        relative = f"element_at({sql_strings(entry.path for entry in plan.files)}, file + 1)"
+        # SQL text: each column built in Python costs round trips to the JVM.
+        return lines.filter(r"NOT value RLIKE '^[ \\t\\r\\x0B\\f]*$'").selectExpr(
+            f"CAST(file AS BIGINT) * {FILE_STRIDE} + CAST(offset AS BIGINT) AS ordinal",
+            f"concat({relative}, ':', offset) AS source_position",
+            "CAST(NULL AS TIMESTAMP) AS publish_time",
+            "CAST(NULL AS MAP<STRING, STRING>) AS attributes",
+            # Only a line that ends in CR is trimmed: trimming scans the whole line.
+            "CAST(CASE WHEN endswith(value, chr(13)) THEN trim(TRAILING chr(13) FROM value) ELSE value END AS BINARY)"
+            " AS data",
+        )
+
+    def landed_count(self, plan: BatchPlan) -> int:
+        counts = self._counts
+        return sum(counts[e] if e in counts else self.directory.count(e) for e in plan.files)
+
+    def landed_rows(self, plan: BatchPlan) -> list[LandedRow]:
+        return [
+            LandedRow(f"{entry.path}:{offset}", None, line, None)
+            for entry in plan.files for offset, line in self.directory.lines(entry)
+        ]
+
+    def watermark(self, state: dict) -> WatermarkEstimator:
+        return FileWatermark(
+            parse_duration(self.source.out_of_orderness) * 1000,
+            idle_timeout_ms=parse_duration(self.pipeline.watermark_idle or "120s") * 1000,
+        ).from_state(state)
+
+    def before_batch(self, now_ms: int) -> None:
+        return None
+
+    def after_commit(
+        self, watermark: WatermarkEstimator, plan: BatchPlan, outcome: BatchOutcome, now_ms: int
+    ) -> None:
+        assert isinstance(watermark, FileWatermark)
+        watermark.observe(outcome.max_event_time_ms, now_ms)
+
+    def ensure(self) -> str:
+        self.directory.directory.mkdir(parents=True, exist_ok=True)
+        return f"directory {self.directory.directory}"
+
+    def backlog(self, checkpoint: SourceCheckpoint) -> str:
+        return f"{len(self.directory.discover(set(checkpoint.taken_files), 10**9, 2**62))} new files"

@@ -1,0 +1,184 @@
+"""The reader of a `PubSubSource`: land a bounded pull as one immutable file, and only then acknowledge it.
+
+`next_plan` pulls up to `max_messages` / `max_bytes` / `max_seconds` under lease, with `pull_streams` pull requests
+in flight (what comes beyond a bound goes back to the subscription for the next batch), writes the batch plan,
+writes the messages kept as one Parquet landing file (create-if-absent), and only then acks exactly those. A crash before the ack means redelivery, which ingest
+deduplicates; a crash after the landing file is written replays that file. The watermark is Dataflow's
+tracking-subscription heuristic (`PubSubWatermark`), with the base subscription's backlog from Cloud Monitoring
+on GCP or, on the emulator (which has no metrics), from what onceflow itself has seen and committed.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Callable
+from functools import cached_property
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql import DataFrame, SparkSession
+
+from onceflow.jobs.declare.declaration import Pipeline, PubSubSource
+from onceflow.jobs.declare.durations import parse_duration
+from onceflow.jobs.sources.backlog import BacklogProbe, CloudMonitoringBacklogProbe, EmulatorBacklogProbe
+from onceflow.jobs.sources.checkpoint import BatchPlan, CheckpointStore, SourceCheckpoint
+from onceflow.jobs.sources.landed_ids import LandedRow
+from onceflow.jobs.sources.landing import LANDING_SCHEMA, BatchOutcome
+from onceflow.jobs.sources.tracking import TrackingDrainer
+from onceflow.jobs.sources.watermark import PubSubWatermark, WatermarkEstimator
+from onceflow.resources.faults import crash_point
+from onceflow.resources.object_store import ObjectStore
+from onceflow.resources.pubsub import PubSubClient, PulledMessage
+from onceflow.resources.pubsub_pull import PullBounds
+
+
+class PubSubReader:
+    """See the module docstring; `pipeline.source` is a settings-resolved `PubSubSource`. `client` makes the
+    Pub/Sub client when it is first needed; None for work that only reads landed batches."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        client: Callable[[], PubSubClient] | None,
+        checkpoints: CheckpointStore,
+        landing: ObjectStore,
+    ) -> None:
+        source = pipeline.source
+        if not isinstance(source, PubSubSource) or source.max_messages is None:
+            raise TypeError("PubSubReader needs a settings-resolved PubSubSource")
+        self.pipeline, self.source, self.checkpoints, self.landing = pipeline, source, checkpoints, landing
+        self._make_client = client
+        self._landed: dict[int, list[tuple[str, int]]] = {}
+
+    @cached_property
+    def client(self) -> PubSubClient:
+        if self._make_client is None:
+            raise RuntimeError(f"{self.pipeline.source_id}: this work was opened without a Pub/Sub client")
+        return self._make_client()
+
+    def has_data(self, checkpoint: SourceCheckpoint) -> bool:
+        return self.client.has_messages(self.source.subscription)
+
+    def landing_key(self, batch_id: int) -> str:
+        return f"{self.checkpoints.source_id}/{batch_id:012d}.parquet"
+
+    def next_plan(self, checkpoint: SourceCheckpoint, horizon_floor_ms: int | None) -> BatchPlan | None:
+        source, batch_id = self.source, checkpoint.next_batch
+        plan = self.checkpoints.get_plan(batch_id)
+        if plan is not None and self.landing.exists(plan.landing_key or ""):
+            return plan  # landed before a crash: replay it as it is
+        bounds = PullBounds(source.max_messages, source.max_bytes, source.max_seconds, source.pull_streams or 1)
+        with self.client.pull_batch(source.subscription, bounds, source.ack_deadline_s or 60) as batch:
+            if not batch.messages:
+                return None
+            crash_point("land.before_persist")
+            plan = plan or self.checkpoints.plan(
+                BatchPlan(
+                    batch_id=batch_id,
+                    kind="pubsub",
+                    horizon_floor_ms=horizon_floor_ms,
+                    planned_at_ms=int(time.time() * 1000),
+                    landing_key=self.landing_key(batch_id),
+                )
+            )
+            if plan.landing_key is None or not self.landing.create(plan.landing_key, _to_parquet(batch.messages)):
+                # Another attempt landed this batch first; ours go back to the subscription for redelivery.
+                self.client.modify_ack_deadline(source.subscription, batch.ack_ids, 0, streams=bounds.streams)
+                return plan
+            crash_point("land.after_persist")
+            self.client.ack(source.subscription, batch.ack_ids, streams=bounds.streams)
+        return plan
+
+    def landed(self, spark: SparkSession, plan: BatchPlan) -> DataFrame:
+        if plan.landing_key is None:
+            raise ValueError(f"{self.pipeline.source_id} batch {plan.batch_id} has no landing file")
+        return spark.read.parquet(self.landing.url(plan.landing_key))
+
+    def landed_count(self, plan: BatchPlan) -> int:
+        return len(self.landed_messages(plan))
+
+    def landed_rows(self, plan: BatchPlan) -> list[LandedRow]:
+        table = pq.read_table(io.BytesIO(self._landing_bytes(plan)))
+        times = table.column("publish_time").cast(pa.int64()).to_pylist()
+        return [
+            LandedRow(position, dict(attributes or []), data, publish_ms)
+            for position, attributes, data, publish_ms in zip(
+                table.column("source_position").to_pylist(), table.column("attributes").to_pylist(),
+                table.column("data").to_pylist(), times, strict=True,
+            )
+        ]
+
+    def _landing_bytes(self, plan: BatchPlan) -> bytes:
+        data = self.landing.read(plan.landing_key or "")
+        if data is None:
+            raise FileNotFoundError(f"{self.pipeline.source_id} batch {plan.batch_id}: landing file is missing")
+        return data
+
+    def landed_messages(self, plan: BatchPlan) -> list[tuple[str, int]]:
+        """(message id, publish time) of every message in a landed batch (read once: it never changes)."""
+        if plan.batch_id not in self._landed:
+            data = self._landing_bytes(plan)
+            table = pq.read_table(io.BytesIO(data), columns=["source_position", "publish_time"])
+            times = table.column("publish_time").cast(pa.int64()).to_pylist()
+            self._landed[plan.batch_id] = list(zip(table.column("source_position").to_pylist(), times, strict=True))
+        return self._landed[plan.batch_id]
+
+    def watermark(self, state: dict) -> WatermarkEstimator:
+        probe: BacklogProbe
+        if self.client.emulated:
+            probe = EmulatorBacklogProbe()
+        else:
+            probe = CloudMonitoringBacklogProbe(self.client.project, self.source.subscription)
+        return PubSubWatermark(
+            probe,
+            band_ms=parse_duration(self.pipeline.watermark_band or "10s") * 1000,
+            idle_timeout_ms=parse_duration(self.pipeline.watermark_idle or "120s") * 1000,
+        ).from_state(state)
+
+    def before_batch(self, now_ms: int) -> None:
+        drainer = TrackingDrainer.for_source(self.client, self.source)
+        drained = drainer.drain(now_ms)
+        crash_point("watermark.after_drain")
+
+        def observe(checkpoint: SourceCheckpoint) -> SourceCheckpoint:
+            watermark = self.watermark(checkpoint.watermark)
+            assert isinstance(watermark, PubSubWatermark)
+            watermark.observe(drained.samples, drained.tracked_through_ms)
+            checkpoint.watermark = watermark.to_state()
+            return checkpoint
+
+        self.checkpoints.update(observe)  # persisted first: only then may the tracking subscription forget them
+        drainer.ack(drained)
+
+    def after_commit(
+        self, watermark: WatermarkEstimator, plan: BatchPlan, outcome: BatchOutcome, now_ms: int
+    ) -> None:
+        assert isinstance(watermark, PubSubWatermark)
+        watermark.committed(self.landed_messages(plan))
+
+    def backlog(self, checkpoint: SourceCheckpoint) -> str:
+        return "messages waiting" if self.client.has_messages(self.source.subscription) else "empty"
+
+    def ensure(self) -> str:
+        """The topic with its main and tracking subscriptions, created together (a subscription created later
+        would miss what was published before it)."""
+        source = self.source
+        self.client.ensure_subscriptions(source.topic, [source.subscription, source.tracking], source.ack_deadline_s or 60)
+        return f"topic {source.topic} with subscriptions {source.subscription}, {source.tracking}"
+
+
+def _to_parquet(messages: list[PulledMessage]) -> bytes:
+    table = pa.table(
+        {
+            "ordinal": list(range(len(messages))),
+            "source_position": [m.message_id for m in messages],
+            "publish_time": [m.publish_time_ms for m in messages],
+            "attributes": [list(m.attributes.items()) for m in messages],
+            "data": [m.data for m in messages],
+        },
+        schema=LANDING_SCHEMA,
+    )
+    sink = io.BytesIO()
+    pq.write_table(table, sink)
+    return sink.getvalue()

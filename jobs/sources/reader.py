@@ -1,0 +1,129 @@
+"""A pipeline's source at run time, as one interface: has it data, what is the next batch, what did a batch
+land, and how does its watermark learn.
+
+`open_source` wires a declared source (`PubSubSource`, `FileSource`) to its reader, its checkpoint store and its
+tables under the lake; nothing else in the platform needs to know which kind of source it is.
+
+Every reader lands a batch in one schema (`onceflow.jobs.sources.landing.LANDING_SCHEMA`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from pyspark.sql import DataFrame, SparkSession
+
+from onceflow.jobs.declare.declaration import FileSource, Pipeline
+from onceflow.jobs.dedup.filter_store import IdFilterStore
+from onceflow.jobs.sources.checkpoint import BatchPlan, CheckpointStore, EpochStore, SourceCheckpoint
+from onceflow.jobs.sources.file_reader import FileReader
+from onceflow.jobs.sources.landed_ids import LandedRow
+from onceflow.jobs.sources.landing import BatchOutcome
+from onceflow.jobs.sources.pubsub_reader import PubSubReader
+from onceflow.jobs.sources.watermark import WatermarkEstimator
+from onceflow.resources.lake import LakeResource
+from onceflow.resources.pubsub import PubSubClient
+
+
+class SourceReader(Protocol):
+    """What a micro-batch needs from its source."""
+
+    def has_data(self, checkpoint: SourceCheckpoint) -> bool:
+        """Whether new data waits (a scheduling hint; it changes nothing)."""
+        ...
+
+    def next_plan(self, checkpoint: SourceCheckpoint, horizon_floor_ms: int | None) -> BatchPlan | None:
+        """The planned-but-uncommitted batch if there is one, else plan (and, for Pub/Sub, land and ack) the
+        next; None when there is nothing new. A plan is durable before anything is acknowledged."""
+        ...
+
+    def landed(self, spark: SparkSession, plan: BatchPlan) -> DataFrame:
+        """The batch's records in `LANDING_SCHEMA`: the same bytes on every replay."""
+        ...
+
+    def landed_count(self, plan: BatchPlan) -> int:
+        """How many records the batch holds, counted from the landing itself (not from Spark's reading of it)."""
+        ...
+
+    def landed_rows(self, plan: BatchPlan) -> list[LandedRow]:
+        """The batch's records read in plain Python, for reconciliation (not Spark's reading of them)."""
+        ...
+
+    def watermark(self, state: dict) -> WatermarkEstimator:
+        """The source's watermark estimator, restored from its persisted state."""
+        ...
+
+    def before_batch(self, now_ms: int) -> None:
+        """Persist in the checkpoint's watermark state what the estimator must learn before a batch is taken
+        (Pub/Sub: what the tracking subscription shows, persisted before it is acknowledged)."""
+        ...
+
+    def after_commit(
+        self, watermark: WatermarkEstimator, plan: BatchPlan, outcome: BatchOutcome, now_ms: int
+    ) -> None:
+        """Feed the estimator a committed batch. May run more than once per batch (a lost checkpoint race):
+        it changes nothing but the estimator."""
+        ...
+
+    def backlog(self, checkpoint: SourceCheckpoint) -> str:
+        """What waits in the source, in words, for `onceflow status`."""
+        ...
+
+    def ensure(self) -> str:
+        """Create what the source reads from if it is missing (a development convenience); says what it is."""
+        ...
+
+
+@dataclass(frozen=True)
+class SourceRuntime:
+    """A pipeline's source with everything a micro-batch touches: reader, checkpoints, tables.
+
+    `app_id` names the source in its current epoch: the Delta `txnAppId` of its commits and the key of its
+    checkpoints and landing files (`<pipeline>/<kind>`, then `<pipeline>/<kind>@<epoch>` after a reset). Batch
+    numbers go on across epochs: an epoch's first batch is above every batch of the epochs before it.
+    """
+
+    pipeline: Pipeline
+    app_id: str
+    reader: SourceReader
+    checkpoints: CheckpointStore
+    raw_path: str
+    dead_letter_path: str
+    id_filters: IdFilterStore | None = None
+
+
+def app_id(pipeline: Pipeline, epoch: int) -> str:
+    return pipeline.source_id if epoch == 0 else f"{pipeline.source_id}@{epoch}"
+
+
+def open_source(
+    pipeline: Pipeline, lake: LakeResource, pubsub: Callable[[], PubSubClient] | None = None, epoch: int | None = None
+) -> SourceRuntime:
+    """Wire a (settings-resolved) pipeline's source to its reader, checkpoints and tables under `lake`, in its
+    current epoch (or in `epoch`, an earlier one, to read what it landed).
+
+    `pubsub` makes a Pub/Sub client when a Pub/Sub source first needs one; None for work that only reads what
+    was landed (reconciliation).
+    """
+    epochs = EpochStore(lake.epochs())
+    epoch = epochs.current(pipeline.name) if epoch is None else epoch
+    source_app = app_id(pipeline, epoch)
+    checkpoints = CheckpointStore(lake.checkpoints(), source_app, epochs.first_batches(pipeline.name)[epoch])
+    reader: SourceReader
+    if isinstance(pipeline.source, FileSource):
+        reader = FileReader(pipeline, checkpoints)
+    else:
+        reader = PubSubReader(pipeline, pubsub, checkpoints, lake.landing())
+    raw, dead = lake.table_path(pipeline.raw_table), lake.table_path(pipeline.dead_letter_table)
+    filters = None
+    if lake.id_filters and pipeline.delivery == "exactly_once":
+        filters = IdFilterStore(lake.filters(), pipeline.raw_table, raw)
+    return SourceRuntime(pipeline, source_app, reader, checkpoints, raw, dead, filters)
+
+
+def source_watermark_ms(checkpoint: SourceCheckpoint) -> int | None:
+    """The source's event-time watermark as of its last checkpoint, None before any."""
+    value = checkpoint.watermark.get("watermark_ms")
+    return None if value is None else int(value)

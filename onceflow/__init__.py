@@ -1,0 +1,59 @@
+"""onceflow: exactly-once pipelines on Spark and Delta Lake, orchestrated by Dagster.
+
+What a data engineer imports (DESIGN section 6a):
+
+    import onceflow
+    from onceflow import BigQuerySink, FileSink, FileSource, Pipeline, PubSubSource, WindowedOutput
+
+    defs = onceflow.definitions([my_pipeline])   # a Dagster `Definitions` for a project's code location
+
+The installed distribution's only import name is `onceflow`; the repository's folders are its subpackages
+(`onceflow.orchestration`, `onceflow.assets`, `onceflow.jobs`, `onceflow.resources`). Names resolve on first use,
+so importing one stage does not load Dagster's whole code location.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from onceflow.jobs.declare.declaration import (
+        BigQuerySink,
+        DeclarationError,
+        FileSink,
+        FileSource,
+        Pipeline,
+        PubSubSource,
+        WindowedOutput,
+    )
+    from onceflow.orchestration.definitions import definitions
+
+_PUBLIC = {
+    "BigQuerySink": "onceflow.jobs.declare.declaration",
+    "DeclarationError": "onceflow.jobs.declare.declaration",
+    "FileSink": "onceflow.jobs.declare.declaration",
+    "FileSource": "onceflow.jobs.declare.declaration",
+    "Pipeline": "onceflow.jobs.declare.declaration",
+    "PubSubSource": "onceflow.jobs.declare.declaration",
+    "WindowedOutput": "onceflow.jobs.declare.declaration",
+    "definitions": "onceflow.orchestration.definitions",
+}
+__all__ = [
+    "BigQuerySink",
+    "DeclarationError",
+    "FileSink",
+    "FileSource",
+    "Pipeline",
+    "PubSubSource",
+    "WindowedOutput",
+    "definitions",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'onceflow' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_PUBLIC[name]), name)
+    globals()[name] = value
+    return value

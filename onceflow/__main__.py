@@ -1,0 +1,7 @@
+"""`python -m onceflow`: the `onceflow` command line."""
+
+import sys
+
+from onceflow.orchestration.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""The sensors a code location runs: micro-batch requests, window closes, unfinished commit sequences, dead runs."""

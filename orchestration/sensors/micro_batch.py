@@ -1,0 +1,89 @@
+"""`<pipeline>_micro_batch_sensor` (`events_micro_batch_sensor`): requests the next micro-batch of a source.
+
+A batch is requested when the source has new data; when its lake holds batches its checkpoint does not (the
+checkpoint was restored from an older copy: the batch realigns it, so the watermark and the windows resume even
+with no new data); or, with no new data, every `idle_tick_s` while some window is still open, so that an idle
+source's watermark advances and its last windows close. Never while a batch of the source is in flight (queued,
+running, or failed with a Dagster retry pending): batches commit in order, one at a time, which the source's
+concurrency pool enforces as well.
+
+Run keys are `<pipeline>:batch:<n>`, n the batch the source checkpoint expects next. A run that ended without
+committing batch n (it found no data, or failed for good) has used that key; the next request for n is then
+`<pipeline>:batch:<n>:<k>` (k = runs for n so far + 1), since Dagster never launches a run key twice. The cursor
+holds the last batch number requested and only grows.
+"""
+
+import json
+import time
+
+import dagster as dg
+from google.api_core.exceptions import NotFound
+
+from onceflow.jobs.declare.declaration import Pipeline
+from onceflow.jobs.ingest.micro_batch import lake_ahead
+from onceflow.jobs.ingest_job import source_tag
+from onceflow.jobs.sources.checkpoint import SourceCheckpoint
+from onceflow.jobs.sources.reader import open_source, source_watermark_ms
+from onceflow.jobs.windows.panes import Window
+from onceflow.orchestration.sensors.runs import in_flight, runs_tagged
+from onceflow.resources.lake import LakeResource
+from onceflow.resources.pubsub import PubSubResource
+
+BATCH_TAG = "onceflow/batch"
+
+
+def windows_open(pipeline: Pipeline, checkpoint: SourceCheckpoint) -> bool:
+    """Some output's newest window with data has not closed: the watermark has not passed its end + lateness."""
+    if checkpoint.max_event_time_ms is None:
+        return False
+    watermark = source_watermark_ms(checkpoint)
+    return any(
+        watermark is None
+        or watermark < Window.at(checkpoint.max_event_time_ms, o.window_s).end_ms + o.allowed_lateness_s * 1000
+        for o in pipeline.outputs
+    )
+
+
+def build_micro_batch_sensor(pipeline: Pipeline, idle_tick_s: float) -> dg.SensorDefinition:
+    job_name = f"ingest_{pipeline.name}"
+
+    @dg.sensor(
+        name=f"{pipeline.name}_micro_batch_sensor",
+        job_name=job_name,
+        minimum_interval_seconds=5,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description=f"Requests the next micro-batch of `{pipeline.source_id}` when it has new data.",
+    )
+    def micro_batch_sensor(
+        context: dg.SensorEvaluationContext, lake: LakeResource, pubsub: PubSubResource
+    ) -> dg.SensorResult | dg.SkipReason:
+        tags = source_tag(pipeline)
+        busy = in_flight(context.instance, runs_tagged(context.instance, tags, limit=5))
+        if busy:
+            return dg.SkipReason(f"a batch is in flight: {busy}")
+        source = open_source(pipeline, lake, pubsub.client)
+        checkpoint = source.checkpoints.load()
+        cursor = json.loads(context.cursor) if context.cursor else {"batch": 0, "at_ms": 0}
+        now_ms = int(time.time() * 1000)
+        try:
+            has_data = source.reader.has_data(checkpoint)
+        except NotFound as missing:  # the operator has not created the subscription yet: say so, keep ticking
+            return dg.SkipReason(f"{pipeline.source_id}: {missing.message}")
+        if has_data:
+            why = "new data"
+        elif lake_ahead(source, checkpoint.committed_batch):
+            # Restored from an older copy, or a batch died between its two commits: realign it, replay that one.
+            why = "the lake is ahead of the checkpoint: realign it"
+        elif windows_open(pipeline, checkpoint) and now_ms - cursor["at_ms"] >= idle_tick_s * 1000:
+            why = "idle tick: advance the watermark"
+        else:
+            return dg.SkipReason("no new data, and no window waiting for the watermark")
+        batch = max(checkpoint.next_batch, cursor["batch"])
+        earlier = len(runs_tagged(context.instance, {**tags, BATCH_TAG: str(batch)}))
+        run_key = f"{pipeline.name}:batch:{batch}" + (f":{earlier + 1}" if earlier else "")
+        return dg.SensorResult(
+            run_requests=[dg.RunRequest(run_key=run_key, tags={**tags, BATCH_TAG: str(batch), "onceflow/why": why})],
+            cursor=json.dumps({"batch": batch, "at_ms": now_ms}),
+        )
+
+    return micro_batch_sensor
