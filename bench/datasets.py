@@ -13,8 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from onceflow.jobs.declare.declaration import FileSource, Pipeline
+from onceflow.jobs.declare.declaration import Pipeline
 from onceflow.jobs.declare.schema import parse_schema
+from onceflow.jobs.declare.sources import FileSource
 from onceflow.orchestration.pipelines import resolve
 from onceflow.orchestration.pipelines.events import SCHEMA as EVENTS_SCHEMA
 from onceflow.orchestration.workload import make_events, with_publisher_retries

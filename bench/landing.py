@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.datasets import BenchmarkError
-from onceflow.jobs.declare.declaration import PubSubSource
+from onceflow.jobs.declare.sources import PubSubSource
 from onceflow.jobs.sources.checkpoint import SourceCheckpoint
 from onceflow.jobs.sources.reader import SourceRuntime, open_source
 from onceflow.orchestration.pipelines import resolve

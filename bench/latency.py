@@ -38,7 +38,7 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from bench.datasets import BenchmarkError
-from onceflow.jobs.declare.declaration import PubSubSource
+from onceflow.jobs.declare.sources import PubSubSource
 from onceflow.jobs.ingest.micro_batch import run_micro_batch
 from onceflow.jobs.ingest.result import IngestResult
 from onceflow.jobs.sources.reader import SourceRuntime, open_source

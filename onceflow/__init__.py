@@ -22,20 +22,19 @@ if TYPE_CHECKING:
         BigQuerySink,
         DeclarationError,
         FileSink,
-        FileSource,
         Pipeline,
-        PubSubSource,
         WindowedOutput,
     )
+    from onceflow.jobs.declare.sources import FileSource, PubSubSource
     from onceflow.orchestration.definitions import definitions
 
 _PUBLIC = {
     "BigQuerySink": "onceflow.jobs.declare.declaration",
     "DeclarationError": "onceflow.jobs.declare.declaration",
     "FileSink": "onceflow.jobs.declare.declaration",
-    "FileSource": "onceflow.jobs.declare.declaration",
+    "FileSource": "onceflow.jobs.declare.sources",
     "Pipeline": "onceflow.jobs.declare.declaration",
-    "PubSubSource": "onceflow.jobs.declare.declaration",
+    "PubSubSource": "onceflow.jobs.declare.sources",
     "WindowedOutput": "onceflow.jobs.declare.declaration",
     "definitions": "onceflow.orchestration.definitions",
 }

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from onceflow.jobs.declare.declaration import FileSink, Pipeline, PubSubSource, WindowedOutput
+from onceflow.jobs.declare.declaration import FileSink, Pipeline, WindowedOutput
+from onceflow.jobs.declare.sources import PubSubSource
 from onceflow.jobs.ingest.micro_batch import run_micro_batch
 from onceflow.jobs.sources.reader import SourceRuntime, open_source
 from onceflow.orchestration.pipelines import load_pipelines, resolve

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from onceflow.jobs.declare.declaration import DeclarationError, PubSubSource
+from onceflow.jobs.declare.declaration import DeclarationError
+from onceflow.jobs.declare.sources import PubSubSource
 from onceflow.jobs.sources.reader import SourceRuntime
 from onceflow.orchestration.workload import expected_raw, make_events, publish_events, with_publisher_retries
 from onceflow.resources.emulators.pubsub import PubSubEmulator

@@ -18,8 +18,9 @@ from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from onceflow.jobs.declare.declaration import DeclarationError, FileSource, Pipeline, WindowedOutput
+from onceflow.jobs.declare.declaration import DeclarationError, Pipeline, WindowedOutput
 from onceflow.jobs.declare.schema import parse_schema
+from onceflow.jobs.declare.sources import FileSource
 from onceflow.jobs.delta.raw_table import ensure_raw_table
 from onceflow.jobs.delta.schema_evolution import Mismatch, differences
 from onceflow.jobs.delta.transactions import append_once, create_table_once, table_properties

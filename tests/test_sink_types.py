@@ -23,7 +23,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.types import VariantVal
 
-from onceflow.jobs.declare.declaration import BigQuerySink, FileSink, FileSource, Pipeline, WindowedOutput
+from onceflow.jobs.declare.declaration import BigQuerySink, FileSink, Pipeline, WindowedOutput
+from onceflow.jobs.declare.sources import FileSource
 from onceflow.jobs.publish.commit_store import CommitStore
 from onceflow.jobs.publish.sinks import output_sinks, publish_closed
 from onceflow.jobs.publish.step import CommitContext

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from onceflow.jobs.declare.declaration import FileSink, FileSource, Pipeline, WindowedOutput
+from onceflow.jobs.declare.declaration import FileSink, Pipeline, WindowedOutput
+from onceflow.jobs.declare.sources import FileSource
 from onceflow.jobs.sources.reader import open_source
 from onceflow.jobs.windows.panes import CloseStore, Window
 from onceflow.jobs.windows.transform import OutputError, materialize_windows

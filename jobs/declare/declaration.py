@@ -16,13 +16,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
-from typing import ClassVar
 
 from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
 from onceflow.jobs.declare.durations import check_window_size, parse_duration
 from onceflow.jobs.declare.schema import SchemaError, parse_schema
+from onceflow.jobs.declare.sources import (
+    IDENTIFIER,
+    FileSource,
+    PubSubSource,
+    Source,
+    check_source,
+    checked_duration,
+)
 
 DELIVERY_MODES = ("exactly_once", "at_least_once")
 LATE_POLICIES = ("drop", "refire")
@@ -31,11 +38,7 @@ RAW_BOOKKEEPING = ("record_id", "event_time", "payload", "source_position", "pub
 """Columns onceflow adds to the raw table; a schema field cannot have these names."""
 WINDOW_BOOKKEEPING = ("window_start", "window_end", "raw_version", "pane", "timing")
 """Columns onceflow adds to a window table; a transform cannot output these names."""
-COMPRESSED = (".gz", ".bz2", ".deflate", ".lz4", ".snappy", ".zst", ".zstd", ".xz", ".br", ".zip")
-"""File suffixes Spark would decompress; a `FileSource` reads its files' bytes as they are."""
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
-IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_PUBSUB_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9._~%+-]{2,254}$")
 _BIGQUERY_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,1023}$")
 
 Transform = Callable[[DataFrame], DataFrame]
@@ -43,56 +46,6 @@ Transform = Callable[[DataFrame], DataFrame]
 
 class DeclarationError(ValueError):
     """A pipeline declaration onceflow cannot run; the message names the pipeline and the field."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class PubSubSource:
-    """A Pub/Sub subscription, plus a metadata-only tracking subscription for the watermark.
-
-    `id_attribute` carries the record ID (it survives publisher retries; without it, or on a message that lacks
-    it, the message id is used). `timestamp_attribute` carries the event time (RFC 3339 or epoch milliseconds;
-    without it the publish time is used). The tracking subscription defaults to `<subscription>-tracking`.
-    A batch holds at most `max_messages` messages and `max_bytes` bytes of data and attributes, pulled for at
-    most `max_seconds` with `pull_streams` pull requests in flight.
-    """
-
-    kind: ClassVar[str] = "pubsub"
-    topic: str
-    subscription: str
-    id_attribute: str | None = None
-    timestamp_attribute: str | None = None
-    tracking_subscription: str | None = None
-    max_messages: int | None = None
-    max_seconds: float | None = None
-    max_bytes: int | None = None
-    pull_streams: int | None = None
-    ack_deadline_s: int | None = None
-
-    @property
-    def tracking(self) -> str:
-        return self.tracking_subscription or f"{self.subscription}-tracking"
-
-
-@dataclass(frozen=True, kw_only=True)
-class FileSource:
-    """A directory of JSON-lines files (one object per line), taken in sorted order; files must not change.
-
-    `id_field` names the record ID field (without it, or on a line that lacks it, the ID is
-    `<relative path>:<byte offset>`); `timestamp_field` the event time (RFC 3339 or epoch milliseconds).
-    The watermark is the newest event time seen minus `out_of_orderness`.
-    """
-
-    kind: ClassVar[str] = "files"
-    directory: str
-    timestamp_field: str
-    pattern: str = "*.jsonl"
-    id_field: str | None = None
-    out_of_orderness: str = "30s"
-    max_files: int | None = None
-    max_bytes: int = 256 * 1024 * 1024
-
-
-Source = PubSubSource | FileSource
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -220,7 +173,7 @@ def _check_pipeline(p: Pipeline) -> None:
         raise DeclarationError(f"pipeline {p.name!r}: name: use lowercase letters, digits and '_', starting with a letter")
     if not isinstance(p.source, PubSubSource | FileSource):
         fail("source", f"{type(p.source).__name__} is not a source: use PubSubSource or FileSource")
-    _check_source(p.source, fail)
+    check_source(p.source, fail)
     try:
         fields = p.record_schema
     except SchemaError as error:
@@ -233,8 +186,8 @@ def _check_pipeline(p: Pipeline) -> None:
     for name in ("dedup_horizon", "max_clock_skew", "retention", "watermark_band", "watermark_idle"):
         value = getattr(p, name)
         if value is not None:
-            _duration(value, name, fail)
-    if _duration(p.retention, "retention", fail) < 3600:
+            checked_duration(value, name, fail)
+    if checked_duration(p.retention, "retention", fail) < 3600:
         fail("retention", f"{p.retention!r}: keep versions at least an hour (a window's recompute needs them)")
     if not isinstance(p.max_record_bytes, int) or p.max_record_bytes < 1:
         fail("max_record_bytes", f"{p.max_record_bytes!r} must be a positive number of bytes")
@@ -252,50 +205,14 @@ def _check_pipeline(p: Pipeline) -> None:
             fail(f"{where}.asset", f"{output.asset!r} is declared twice")
 
 
-def _duration(value: object, where: str, fail: Callable[[str, str], None]) -> int:
-    try:
-        return parse_duration(value)  # type: ignore[arg-type]
-    except ValueError as error:
-        fail(where, str(error))
-    return 0
-
-
-def _check_source(source: Source, fail: Callable[[str, str], None]) -> None:
-    if isinstance(source, PubSubSource):
-        for name in ("topic", "subscription"):
-            if not isinstance(getattr(source, name), str) or not _PUBSUB_NAME.match(getattr(source, name)):
-                fail(f"source.{name}", f"{getattr(source, name)!r} is not a Pub/Sub name (3-255 characters, "
-                     "starting with a letter)")
-        if not _PUBSUB_NAME.match(source.tracking):
-            fail("source.tracking_subscription", f"{source.tracking!r} is not a Pub/Sub name")
-        # Pub/Sub takes 10..600 s; its emulator 1..600, which tests use for quick redelivery.
-        if source.ack_deadline_s is not None and not 1 <= source.ack_deadline_s <= 600:
-            fail("source.ack_deadline_s", f"{source.ack_deadline_s} is outside 1..600 seconds")
-        if source.pull_streams is not None and not 1 <= source.pull_streams <= 64:
-            fail("source.pull_streams", f"{source.pull_streams} is outside 1..64")
-    else:
-        for name in ("timestamp_field", "id_field"):
-            value = getattr(source, name)
-            if value is not None and (not isinstance(value, str) or not IDENTIFIER.match(value)):
-                fail(f"source.{name}", f"{value!r}: use letters, digits and '_'")
-        if isinstance(source.pattern, str) and source.pattern.lower().endswith(COMPRESSED):
-            fail("source.pattern", f"{source.pattern!r}: compressed files are not read (a record's position is its "
-                 "byte offset in the file, and files are counted by their lines): decompress them into the directory")
-        _duration(source.out_of_orderness, "source.out_of_orderness", fail)
-    for name in ("max_messages", "max_files", "max_seconds", "max_bytes"):
-        value = getattr(source, name, None)
-        if value is not None and not value > 0:
-            fail(f"source.{name}", f"{value!r} must be positive")
-
-
 def _check_output(o: WindowedOutput, where: str, fail: Callable[[str, str], None]) -> None:
     if not isinstance(o.asset, str) or not _NAME.match(o.asset):
         fail(f"{where}.asset", "use lowercase letters, digits and '_', starting with a letter")
     try:
-        check_window_size(_duration(o.window, f"{where}.window", fail))
+        check_window_size(checked_duration(o.window, f"{where}.window", fail))
     except ValueError as error:
         fail(f"{where}.window", f"{o.window!r}: {error}")
-    _duration(o.allowed_lateness, f"{where}.allowed_lateness", fail)
+    checked_duration(o.allowed_lateness, f"{where}.allowed_lateness", fail)
     if o.late_policy not in LATE_POLICIES:
         fail(f"{where}.late_policy", f"{o.late_policy!r} is not a late policy: use 'drop' or 'refire'")
     if not callable(o.transform):

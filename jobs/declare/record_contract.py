@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from pyspark.sql import types as T
 
-from onceflow.jobs.declare.declaration import FileSource, Pipeline
+from onceflow.jobs.declare.declaration import Pipeline
+from onceflow.jobs.declare.sources import FileSource
 
 
 @dataclass(frozen=True)

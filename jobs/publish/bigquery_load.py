@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import json
 import re
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
@@ -267,13 +266,13 @@ def _same_sum(found: Any, want: str | None) -> bool:
 
 
 def _wait(job: Any, timeout_s: float) -> None:
-    """Wait until `job` is DONE, however it ended (its `error_result` says how)."""
-    deadline = time.monotonic() + timeout_s
-    delay = 0.05
-    job.reload()
-    while job.state != "DONE":
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"BigQuery job {job.job_id} not done after {timeout_s:.0f}s (state {job.state})")
-        time.sleep(delay)
-        delay = min(delay * 2, 1.0)
-        job.reload()
+    """Wait until `job` is DONE, however it ended: a failed job is an answer here (its `error_result` says how),
+    not an exception."""
+    from google.api_core.exceptions import GoogleAPICallError
+
+    try:
+        job.result(timeout=timeout_s)
+    except GoogleAPICallError:
+        pass
+    except TimeoutError:
+        raise TimeoutError(f"BigQuery job {job.job_id} not done after {timeout_s:.0f}s (state {job.state})") from None

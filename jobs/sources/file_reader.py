@@ -15,9 +15,10 @@ from urllib.parse import unquote, urlparse
 
 from pyspark.sql import DataFrame, SparkSession
 
-from onceflow.jobs.declare.declaration import FileSource, Pipeline
+from onceflow.jobs.declare.declaration import Pipeline
 from onceflow.jobs.declare.durations import parse_duration
 from onceflow.jobs.declare.schema import sql_strings
+from onceflow.jobs.declare.sources import FileSource
 from onceflow.jobs.sources.checkpoint import BatchPlan, CheckpointStore, SourceCheckpoint
 from onceflow.jobs.sources.landed_ids import LandedRow
 from onceflow.jobs.sources.landing import BatchOutcome

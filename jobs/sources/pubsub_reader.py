@@ -19,8 +19,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 
-from onceflow.jobs.declare.declaration import Pipeline, PubSubSource
+from onceflow.jobs.declare.declaration import Pipeline
 from onceflow.jobs.declare.durations import parse_duration
+from onceflow.jobs.declare.sources import PubSubSource
 from onceflow.jobs.sources.backlog import BacklogProbe, CloudMonitoringBacklogProbe, EmulatorBacklogProbe
 from onceflow.jobs.sources.checkpoint import BatchPlan, CheckpointStore, SourceCheckpoint
 from onceflow.jobs.sources.landed_ids import LandedRow

@@ -15,7 +15,8 @@ from typing import Protocol
 
 from pyspark.sql import DataFrame, SparkSession
 
-from onceflow.jobs.declare.declaration import FileSource, Pipeline
+from onceflow.jobs.declare.declaration import Pipeline
+from onceflow.jobs.declare.sources import FileSource
 from onceflow.jobs.dedup.filter_store import IdFilterStore
 from onceflow.jobs.sources.checkpoint import BatchPlan, CheckpointStore, EpochStore, SourceCheckpoint
 from onceflow.jobs.sources.file_reader import FileReader

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from onceflow.jobs.declare.declaration import PubSubSource
+from onceflow.jobs.declare.sources import PubSubSource
 from onceflow.resources.pubsub import DRAINED_PULL_TIMEOUT_S, PubSubClient, PulledMessage
 from onceflow.resources.pubsub_pull import PullBounds
 

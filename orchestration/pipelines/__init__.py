@@ -12,14 +12,9 @@ import dataclasses
 import importlib
 from collections.abc import Sequence
 
-from onceflow.jobs.declare.declaration import (
-    BigQuerySink,
-    DeclarationError,
-    FileSource,
-    Pipeline,
-    PubSubSource,
-)
+from onceflow.jobs.declare.declaration import BigQuerySink, DeclarationError, Pipeline
 from onceflow.jobs.declare.durations import render_duration
+from onceflow.jobs.declare.sources import FileSource, PubSubSource
 from onceflow.orchestration.pipelines.events import events_pipeline
 from onceflow.orchestration.pipelines.orders import orders_pipeline
 from onceflow.resources.settings import Settings, SettingsError

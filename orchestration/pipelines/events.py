@@ -10,16 +10,9 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from onceflow.jobs.declare.declaration import (
-    BigQuerySink,
-    FileSink,
-    FileSource,
-    Pipeline,
-    PubSubSource,
-    Sink,
-    WindowedOutput,
-)
+from onceflow.jobs.declare.declaration import BigQuerySink, FileSink, Pipeline, Sink, WindowedOutput
 from onceflow.jobs.declare.durations import render_duration
+from onceflow.jobs.declare.sources import FileSource, PubSubSource
 from onceflow.resources.settings import Settings
 
 # Values are exact decimals (BigQuery's NUMERIC): sums are then the same whatever order Spark adds them in.

@@ -10,14 +10,8 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from onceflow.jobs.declare.declaration import (
-    BigQuerySink,
-    FileSink,
-    Pipeline,
-    PubSubSource,
-    Sink,
-    WindowedOutput,
-)
+from onceflow.jobs.declare.declaration import BigQuerySink, FileSink, Pipeline, Sink, WindowedOutput
+from onceflow.jobs.declare.sources import PubSubSource
 from onceflow.resources.settings import Settings
 
 

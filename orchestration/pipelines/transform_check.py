@@ -19,13 +19,13 @@ from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
 from onceflow.jobs.declare.declaration import (
-    IDENTIFIER,
     WINDOW_BOOKKEEPING,
     BigQuerySink,
     DeclarationError,
     Pipeline,
     WindowedOutput,
 )
+from onceflow.jobs.declare.sources import IDENTIFIER
 from onceflow.jobs.publish.sink_types import bigquery_field, sink_type
 from onceflow.jobs.windows.transform import transform_output
 from onceflow.resources.object_store import ObjectStore

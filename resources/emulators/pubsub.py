@@ -1,8 +1,8 @@
 """Google's Pub/Sub emulator as a managed subprocess on a loopback port.
 
 The gcloud wrapper starts a java child that holds the port; stopping only the wrapper leaves java running. The
-emulator therefore runs in its own process group, and `stop` signals that whole group and then every process
-that was in it, by PID.
+emulator therefore runs in its own process group, and `stop` signals every process that was ever seen in that
+group (psutil), so none escapes by leaving it.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -34,21 +36,28 @@ class PubSubEmulator:
     host: str
     data_dir: Path
     log_path: Path
-    _pids: set[int] = field(default_factory=set)
+    _members: dict[int, psutil.Process] = field(default_factory=dict)
 
     def stop(self) -> None:
-        pids = {self.process.pid} | self._pids | _group_members(self.process.pid)
+        self._watch()
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, sig)
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
-                time.sleep(0.1)
+            alive = []
+            for process in self._members.values():
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    process.send_signal(sig)
+                    alive.append(process)
+            _, alive = psutil.wait_procs(alive, timeout=10)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=0.1)
-            if not any(_alive(pid) for pid in pids):
+            if not alive:
                 return
+
+    def _watch(self) -> None:
+        """Remember every process now in the emulator's group (the wrapper's java child among them)."""
+        for process in psutil.process_iter():
+            with contextlib.suppress(psutil.Error, ProcessLookupError):
+                if os.getpgid(process.pid) == self.process.pid:
+                    self._members.setdefault(process.pid, process)
 
 
 def start_pubsub_emulator(port: int | None = None, timeout_s: float = 60.0) -> PubSubEmulator:
@@ -70,37 +79,15 @@ def start_pubsub_emulator(port: int | None = None, timeout_s: float = 60.0) -> P
     emulator = PubSubEmulator(process, f"127.0.0.1:{port}", data_dir, log_path)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        emulator._pids |= _group_members(process.pid)
+        emulator._watch()
         if process.poll() is not None:
             raise RuntimeError(f"Pub/Sub emulator exited: {log_path.read_text(errors='replace')[-2000:]}")
         try:
             with urllib.request.urlopen(f"http://{emulator.host}/", timeout=1) as response:
                 if response.read().strip() == b"Ok":
-                    emulator._pids |= _group_members(process.pid)
+                    emulator._watch()
                     return emulator
         except OSError:
             time.sleep(0.2)
     emulator.stop()
     raise RuntimeError(f"Pub/Sub emulator did not answer on {emulator.host} within {timeout_s:.0f}s")
-
-
-def _group_members(pgid: int) -> set[int]:
-    members = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid:  # field 5 of /proc/PID/stat: the process group
-            members.add(int(entry.name))
-    return members
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
