@@ -34,8 +34,11 @@ def section(text: str, heading: str) -> str:
 
 def table_rows(text: str) -> list[list[str]]:
     """The cells of every table row of `text`, header and separator rows left out."""
-    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in text.splitlines()
-            if line.startswith("|")]
+    rows = [
+        [cell.strip() for cell in line.strip().strip("|").split("|")]
+        for line in text.splitlines()
+        if line.startswith("|")
+    ]
     return [row for row in rows[2:] if not set(row[0]) <= {"-", ":"}] if rows else []
 
 
@@ -79,7 +82,9 @@ def test_docs_has_one_page_per_stage_and_the_readme_links_each() -> None:
     names = {p.stem for p in PAGES}
     assert {"sources", "ingest", "dedup", "delta", "windows", "publish", "verify"} <= names
     readme = README.read_text()
-    assert not [p.name for p in PAGES if f"](docs/{p.name})" not in readme and f"](docs/{p.name}#" not in readme]
+    assert not [
+        p.name for p in PAGES if f"](docs/{p.name})" not in readme and f"](docs/{p.name}#" not in readme
+    ]
 
 
 def test_runtime_knob_table_lists_every_setting_and_nothing_else() -> None:
@@ -92,8 +97,11 @@ def test_every_variable_the_docs_name_is_a_setting() -> None:
     known = env_names() | TEST_HARNESS_VARIABLES
     for name in TEST_HARNESS_VARIABLES:
         assert name in (ROOT / "tests" / "conftest.py").read_text()
-    named = {(page.relative_to(ROOT).as_posix(), name) for page in [README, *PAGES]
-             for name in re.findall(r"\bONCEFLOW_[A-Z0-9_]*[A-Z0-9]\b", page.read_text())}
+    named = {
+        (page.relative_to(ROOT).as_posix(), name)
+        for page in [README, *PAGES]
+        for name in re.findall(r"\bONCEFLOW_[A-Z0-9_]*[A-Z0-9]\b", page.read_text())
+    }
     assert not {(page, name) for page, name in named if name not in known}
 
 
@@ -104,8 +112,11 @@ def test_declaration_table_lists_every_field_a_pipeline_declares() -> None:
         owner, *fields = re.findall(r"`([^`]+)`", row[0])
         cls, _, first = owner.partition(".")
         listed.update(f"{cls}.{field}" for field in (first, *fields))
-    declared = {f"{cls.__name__}.{f.name}" for cls in (Pipeline, PubSubSource, FileSource, WindowedOutput, FileSink,
-                                                         BigQuerySink) for f in dataclasses.fields(cls)}
+    declared = {
+        f"{cls.__name__}.{f.name}"
+        for cls in (Pipeline, PubSubSource, FileSource, WindowedOutput, FileSink, BigQuerySink)
+        for f in dataclasses.fields(cls)
+    }
     assert listed == declared
 
 
@@ -121,7 +132,9 @@ def test_add_your_own_pipeline_runs_as_written(tmp_path: Path, monkeypatch: pyte
     monkeypatch.delitem(sys.modules, "my_project.pipelines", raising=False)
 
     # The bundled code location's way: ONCEFLOW_PIPELINES names the module, its PIPELINES list is loaded.
-    settings = Settings(home=str(tmp_path / "home"), pipelines="my_project.pipelines", bigquery_dataset="sales")
+    settings = Settings(
+        home=str(tmp_path / "home"), pipelines="my_project.pipelines", bigquery_dataset="sales"
+    )
     (orders,) = load_pipelines(settings)
     assert isinstance(orders, Pipeline) and orders.name == "orders" and orders.raw_table == "raw/orders"
     assert [o.table for o in orders.outputs] == ["windows/region_sales"]
