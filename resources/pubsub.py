@@ -23,9 +23,9 @@ from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransp
 
 from onceflow.resources.pubsub_pull import CONFIRMING, FLOWING, SHORT, PullBounds, pull_concurrently
 
-# The emulator answers an empty pull about 1 s before the client timeout; a short timeout keeps polling quick.
-# Once a pull came back short, later ones wait less, but not under 1.5 s: a pull among several in flight on a busy
-# machine can take a second, and one cut off by its timeout strands what it was given until the ack deadline.
+# The emulator answers an empty pull only shortly before the client timeout; a short timeout keeps polling quick.
+# Once a pull came back short, later ones wait less, but not much less: a pull among several in flight on a busy
+# machine can be slow to answer, and one cut off by its timeout strands what it was given until the ack deadline.
 # The pull that confirms an empty answer waits 1 s: the emulator answers it at once.
 EMPTY_PULL_TIMEOUT_S = 2.0
 DRAINED_PULL_TIMEOUT_S = 1.5

@@ -19,14 +19,14 @@ from onceflow.resources.settings import load_settings
 from onceflow.resources.spark_functions import ensure_spark_functions_jar
 
 # Tuning for a `local` master on a small machine; a cluster keeps Spark's defaults (and the user's settings).
-# Delta reconstructs table state with this many tasks; its default of 50 costs seconds per command on 2 cores.
+# Delta reconstructs table state with this many tasks; its default of 50 is mostly task overhead on a few cores.
 SMALL_MACHINE_CONF = {
     "spark.sql.shuffle.partitions": "4",
     "spark.databricks.delta.snapshotPartitions": "2",
-    # VACUUM lists a table in this many tasks; Spark's default (10,000) makes it take ~30 s per table on two cores.
+    # VACUUM lists a table in this many tasks; Spark's default (10,000) is mostly task overhead on a few cores.
     "spark.sql.sources.parallelPartitionDiscovery.parallelism": "8",
     # Adaptive execution runs each shuffle and each first use of a cached plan as a job of its own and re-plans
-    # between them: on batches of a few MB that costs more than it finds (~0.1 s of a 44,000-record batch's ingest).
+    # between them: on micro-batches that costs more than it finds.
     "spark.sql.adaptive.enabled": "false",
 }
 ENGINE_CONF = {
@@ -34,13 +34,13 @@ ENGINE_CONF = {
     "spark.sql.session.timeZone": "UTC",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
-    # Ingest caches each batch once, reads it twice and drops it: compressing it cost more than it saved (~0.15 s
-    # of a 44,000-record batch); a batch is a few MB.
+    # Ingest caches each batch once, reads it twice and drops it: on a micro-batch, compressing it cost more than it
+    # saved.
     "spark.sql.inMemoryColumnarStorage.compressed": "false",
     "spark.driver.extraJavaOptions": "-Dlog4j2.level=warn",
 }
 # Columns of onceflow's tables that hold a different value for every record: a Parquet dictionary of them is never
-# smaller than the values themselves, and building one cost ~5 % of a batch's ingest.
+# smaller than the values themselves, and building one is work every append pays for nothing.
 PER_RECORD_COLUMNS = ("record_id", "payload", "source_position")
 PARQUET_CONF = {f"spark.hadoop.parquet.enable.dictionary#{column}": "false" for column in PER_RECORD_COLUMNS}
 # A run's own classic session lives only as long as the run: its driver JVM compiles with C1 alone, which cuts the

@@ -1,7 +1,7 @@
 """A Spark Connect server with Delta configured: the warm engine that short-lived processes connect to.
 
-A new local Spark session costs 8-14 s of JVM start-up and warm-up on a small machine; a Spark Connect client
-connects in about a second and finds the server's JIT already warm. The server runs `spark-submit` from the
+A new local Spark session pays for JVM start-up and warm-up, which dominates a short run; a Spark Connect client
+only opens a connection, and finds the server's JIT already warm. The server runs `spark-submit` from the
 pyspark wheel in its own process group on a loopback port and is stopped by signalling that group. It is the
 driver of its own master: `local[2]` by default, or a cluster (`spark://...`), whose executors get the engine's
 jars through `--jars`.

@@ -26,8 +26,8 @@ log = logging.getLogger("onceflow")
 
 SAVE_EVERY_VERSIONS = 16
 """How far, in table versions, the saved filters may fall behind those a process holds. A save writes each changed
-bucket whole (megabytes at a few hundred thousand IDs a bucket, so saving on every batch cost more as the table
-grew); a process that starts from the saved filters catches up by reading at most this many commits' IDs."""
+bucket whole (a full bucket's filter is large, so saving on every batch cost more as the table grew); a process
+that starts from the saved filters catches up by reading at most this many commits' IDs."""
 
 
 class IdFilterStore:

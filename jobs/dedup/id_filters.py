@@ -15,9 +15,8 @@ Because the log can always bring them up to date, a process keeps its filters in
 them only every `onceflow.jobs.dedup.filter_store.SAVE_EVERY_VERSIONS` table versions.
 
 Each filter is a blocked Bloom filter: an ID sets `PROBES` bits within each of two 64-bit words, so probing a
-whole batch against a bucket is a few vectorised numpy operations. (With one word per ID, about 1 fresh ID in
-5,000 was a false "maybe" over 20 buckets, and each costs reading a bucket; with two, 0 of 2 million probes hit a
-filter of 500,000 IDs sized as a rebuild sizes it, and 1 in 26,000 at its nominal capacity.)
+whole batch against a bucket is a few vectorised numpy operations. (With one word per ID, false "maybe"s summed
+over many buckets often enough to cost bucket reads; two words make them rare, even at a filter's nominal capacity.)
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ DEAD_LETTER_SCHEMA = parse_schema(
 
 RAW_STATS_COLUMNS = ("record_id", "event_time", "batch_id")
 """What reads of the raw table skip files by (windows read event-time ranges); statistics of the payload's
-columns would cost every append a fifth of its time for no reader."""
+columns would cost every append a large share of its time for no reader."""
 
 
 BUCKET_MS = 3_600_000

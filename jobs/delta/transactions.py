@@ -59,7 +59,7 @@ def create_table_once(
     (two first runs): whoever loses that race finds the table made, which is all it wanted.
 
     delta-rs writes the first commit: the same table Spark's `CREATE TABLE` makes (protocol and table features
-    follow from the schema), in milliseconds instead of a Spark command's ~0.2 s.
+    follow from the schema), without the planning and job a Spark command runs.
     """
     if path in _created and (("://" in path) or os.path.isdir(f"{path}/_delta_log")):
         return  # the common case: this process made or saw it, and it is still there
@@ -161,7 +161,7 @@ def append_once(
     checks) without committing, and delta-rs commits them with the SetTransaction. Both read the table's
     transactions first, and a concurrent commit of the same `(app_id, version)` makes this one fail (delta-rs's
     conflict check, as Spark's): exactly as safe as Delta's `txnAppId` append, but without the Spark state
-    reconstruction that append runs to read the transactions (about 0.4 s a commit, growing with the table).
+    reconstruction that append runs to read the transactions (paid on every commit, and growing with the table).
     Over Spark Connect, whose client cannot reach Delta's writer, Delta's `txnAppId` append does it all, or with
     `read_version` an insert-only MERGE that conflicts with every commit since (`_merge_on_version`).
     """

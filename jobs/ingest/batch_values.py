@@ -11,8 +11,8 @@ def with_batch_values(df: DataFrame, **values: int) -> DataFrame:
 
     The values come from a one-row table joined to the batch, not from literals: Spark compiles literals into the
     code it generates for a plan, so a plan holding this batch's numbers would be compiled anew for every batch
-    (~0.1 s of a 44,000-record batch), while a plan that reads them from a joined row generates the same code
-    each batch and reuses it.
+    (a fixed cost per batch, large beside a small batch's work), while a plan that reads them from a joined row
+    generates the same code each batch and reuses it.
     """
     row = ", ".join(f"{int(value)}L" for value in values.values())  # int(): only numbers enter the SQL text
     batch = df.sparkSession.sql(f"SELECT * FROM VALUES ({row}) AS batch({', '.join(values)})")

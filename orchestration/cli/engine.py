@@ -1,7 +1,7 @@
 """`onceflow engine`: a warm Spark engine (a Spark Connect server) on a given master, for processes to connect to.
 
-Every short-lived process (a Dagster run, `onceflow status`) then connects in about a second instead of starting
-Spark itself. The master is `--master` (default `ONCEFLOW_SPARK_MASTER`: `local[2]`, or a cluster's
+Every short-lived process (a Dagster run, `onceflow status`) then connects to it instead of starting Spark
+itself. The master is `--master` (default `ONCEFLOW_SPARK_MASTER`: `local[2]`, or a cluster's
 `spark://host:port`), or, with `--cluster`, a standalone cluster of two workers the command starts on this
 machine. `onceflow dev` starts the same engine for the Dagster UI and daemon.
 """
