@@ -21,7 +21,7 @@ def run_check(lake: LakeResource, instance: dg.DagsterInstance) -> dg.ExecuteInP
         assets=[dg.AssetSpec(ASSET)], asset_checks=[check], resources={"lake": lake},
         jobs=[dg.define_asset_job("check_commits", selection=dg.AssetSelection.checks(check))],
     )
-    return defs.get_job_def("check_commits").execute_in_process(instance=instance, raise_on_error=False)
+    return defs.resolve_job_def("check_commits").execute_in_process(instance=instance, raise_on_error=False)
 
 
 def test_a_quarantined_sequence_fails_the_check_with_error_severity_and_its_run(home: Path) -> None:

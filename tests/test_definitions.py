@@ -133,7 +133,7 @@ def test_each_window_asset_has_a_freshness_policy_of_window_lateness_watermark_a
         policy = defs.get_assets_def(asset).specs_by_key[dg.AssetKey(asset)].freshness_policy
         assert isinstance(policy, dg.FreshnessPolicy)
         assert (policy.fail_window.to_timedelta(), policy.warn_window) == (deadline, None)
-    assert defs.get_assets_def("raw_events").specs_by_key[dg.AssetKey("raw_events")].freshness_policy is None
+    assert defs.resolve_assets_def("raw_events").specs_by_key[dg.AssetKey("raw_events")].freshness_policy is None
 
 
 def test_the_window_assets_checks_are_blocking(defs: dg.Definitions) -> None:
