@@ -3,7 +3,7 @@
 A quarantined sequence is a publication that used up its attempts (see `onceflow.jobs.publish.commit_store`); the check
 names it and its last error, and passes again once an operator re-armed it (`onceflow commits retry <id>`) and it
 completed. `commit_sensor` reports this check whenever the set of quarantined sequences changes; it can also be
-executed on its own.
+executed on its own. It fails with ERROR severity and is blocking: executed in a run, a failure fails the run.
 """
 
 from typing import Any
@@ -41,6 +41,7 @@ def build_commits_check(asset: str) -> dg.AssetChecksDefinition:
     @dg.asset_check(
         asset=dg.AssetKey(asset),
         name=COMMITS_NOT_QUARANTINED,
+        blocking=True,
         description="No publication (commit sequence) of this asset is quarantined after using up its attempts.",
     )
     def commits_not_quarantined(lake: LakeResource) -> dg.AssetCheckResult:

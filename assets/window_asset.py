@@ -66,15 +66,19 @@ def window_metadata(result: WindowResult, published: str) -> dict[str, Any]:
     return metadata
 
 
-def build_window_asset(pipeline: Pipeline, output: WindowedOutput) -> dg.AssetsDefinition:
+def build_window_asset(
+    pipeline: Pipeline, output: WindowedOutput, freshness_policy: dg.FreshnessPolicy | None = None
+) -> dg.AssetsDefinition:
+    """The output's window asset; its checks are blocking, so one failing with ERROR severity fails the run (for a
+    run failure sensor to route) after the windows were materialized and published."""
     key = dg.AssetKey(output.asset)
     checks = [
-        dg.AssetCheckSpec(COUNTS_MATCH_RAW, asset=key, description="Per window: the table holds exactly the "
-                          "transform of the raw table at the pane's pinned version, computed from all its rows."),
-        dg.AssetCheckSpec(LATE_RECORDS_ACCOUNTED, asset=key, description="Per closed window: raw rows now = "
-                          "records at the close + late records."),
-        dg.AssetCheckSpec(NO_DUPLICATE_RECORD_IDS, asset=key, description="No record ID twice in raw within the "
-                          "dedup horizon."),
+        dg.AssetCheckSpec(COUNTS_MATCH_RAW, asset=key, blocking=True, description="Per window: the table holds "
+                          "exactly the transform of the raw table at the pane's pinned version, computed from all its rows."),
+        dg.AssetCheckSpec(LATE_RECORDS_ACCOUNTED, asset=key, blocking=True, description="Per closed window: raw rows "
+                          "now = records at the close + late records."),
+        dg.AssetCheckSpec(NO_DUPLICATE_RECORD_IDS, asset=key, blocking=True, description="No record ID twice in raw "
+                          "within the dedup horizon (under at-least-once delivery a warning, which does not block)."),
     ]
 
     @dg.asset(
@@ -88,6 +92,7 @@ def build_window_asset(pipeline: Pipeline, output: WindowedOutput) -> dg.AssetsD
         kinds={"delta", "spark"},
         pool=f"onceflow_windows_{output.asset}",
         check_specs=checks,
+        freshness_policy=freshness_policy,
     )
     def window_asset(
         context: dg.AssetExecutionContext, spark: SparkResource, lake: LakeResource, bigquery: BigQueryResource
@@ -130,12 +135,13 @@ def build_window_asset(pipeline: Pipeline, output: WindowedOutput) -> dg.AssetsD
         duplicates = duplicate_record_ids(session, raw_path, pipeline.dedup_horizon_s, watermark)
         yield dg.MaterializeResult()
         yield dg.AssetCheckResult(
-            check_name=COUNTS_MATCH_RAW, passed=not mismatched,
+            check_name=COUNTS_MATCH_RAW, passed=not mismatched, severity=dg.AssetCheckSeverity.ERROR,
             metadata={"mismatched_windows": mismatched, "windows": len(results)},
         )
         yield dg.AssetCheckResult(
             check_name=LATE_RECORDS_ACCOUNTED,
             passed=not unaccounted,
+            severity=dg.AssetCheckSeverity.ERROR,
             metadata={"unaccounted_windows": unaccounted, "late_records": sum(r.late for r in results)},
         )
         exactly_once = pipeline.delivery == "exactly_once"

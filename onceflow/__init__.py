@@ -7,6 +7,9 @@ What a data engineer imports (DESIGN section 6a):
 
     defs = onceflow.definitions([my_pipeline])   # a Dagster `Definitions` for a project's code location
 
+or, in a `dg` project, a component in `defs/` YAML: `type: onceflow.OnceflowPipelines`
+(`onceflow.orchestration.component`).
+
 The installed distribution's only import name is `onceflow`; the repository's folders are its subpackages
 (`onceflow.orchestration`, `onceflow.assets`, `onceflow.jobs`, `onceflow.resources`). Names resolve on first use,
 so importing one stage does not load Dagster's whole code location.
@@ -26,6 +29,7 @@ if TYPE_CHECKING:
         WindowedOutput,
     )
     from onceflow.jobs.declare.sources import FileSource, PubSubSource
+    from onceflow.orchestration.component import OnceflowPipelines
     from onceflow.orchestration.definitions import definitions
 
 _PUBLIC = {
@@ -37,12 +41,14 @@ _PUBLIC = {
     "PubSubSource": "onceflow.jobs.declare.sources",
     "WindowedOutput": "onceflow.jobs.declare.declaration",
     "definitions": "onceflow.orchestration.definitions",
+    "OnceflowPipelines": "onceflow.orchestration.component",
 }
 __all__ = [
     "BigQuerySink",
     "DeclarationError",
     "FileSink",
     "FileSource",
+    "OnceflowPipelines",
     "Pipeline",
     "PubSubSource",
     "WindowedOutput",
@@ -56,3 +62,8 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(_PUBLIC[name]), name)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    # `dg` finds components by listing the registered module (the `dagster_dg_cli.registry_modules` entry point).
+    return sorted(set(globals()) | set(__all__))

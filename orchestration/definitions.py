@@ -7,12 +7,14 @@ the code location loads, so a mistake fails the load with a message naming the p
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import timedelta
 
 import dagster as dg
 
 from onceflow.assets.commits_check import build_commits_check
 from onceflow.assets.window_asset import build_window_asset
-from onceflow.jobs.declare.declaration import Pipeline
+from onceflow.jobs.declare.declaration import DeclarationError, Pipeline, WindowedOutput
+from onceflow.jobs.declare.durations import parse_duration
 from onceflow.jobs.finalize_job import finalize_commits
 from onceflow.jobs.ingest_job import build_ingest_job, raw_asset_key
 from onceflow.jobs.maintenance_job import build_maintenance_job
@@ -38,6 +40,23 @@ def raw_asset(pipeline: Pipeline) -> dg.AssetSpec:
     )
 
 
+# A closing window still waits for the window sensor's tick, the run queue and the run itself.
+RUN_SLACK = timedelta(minutes=5)
+
+
+def window_freshness(pipeline: Pipeline, output: WindowedOutput) -> dg.FreshnessPolicy:
+    """Fails when the window asset was last materialized longer ago than one window, its allowed lateness, the
+    watermark's band and idle time (a window closes once the watermark, which trails the newest event by the
+    band and moves on an idle source only after the idle time, passes its end plus the lateness) and `RUN_SLACK`.
+    """
+    band, idle = pipeline.watermark_band, pipeline.watermark_idle
+    if band is None or idle is None:
+        raise DeclarationError(f"pipeline {pipeline.name!r}: not resolved against the settings (load_pipelines)")
+    watermark_s = parse_duration(band) + parse_duration(idle)
+    lag = timedelta(seconds=output.window_s + output.allowed_lateness_s + watermark_s)
+    return dg.FreshnessPolicy.time_window(fail_window=lag + RUN_SLACK)
+
+
 def definitions(pipelines: Sequence[Pipeline] | None = None, settings: Settings | None = None) -> dg.Definitions:
     """A code location running `pipelines` (default: `ONCEFLOW_PIPELINES`'s, else the built-ins), with every
     job, asset, check, sensor and schedule onceflow derives from them, and its resources for `settings`'
@@ -56,7 +75,8 @@ def definitions(pipelines: Sequence[Pipeline] | None = None, settings: Settings 
     ingest_jobs = [build_ingest_job(p, settings.micro_batch_run_s) for p in pipelines]
     prune, prune_schedule = build_run_retention_job([job.name for job in ingest_jobs], settings.run_retention_h)
     return dg.Definitions(
-        assets=[raw_asset(p) for p in pipelines] + [build_window_asset(p, o) for p, o in outputs],
+        assets=[raw_asset(p) for p in pipelines]
+        + [build_window_asset(p, o, window_freshness(p, o)) for p, o in outputs],
         asset_checks=[build_commits_check(o.asset) for _, o in outputs],
         jobs=[*ingest_jobs, finalize_commits, maintenance, prune],
         schedules=[maintenance_schedule, prune_schedule],

@@ -194,10 +194,11 @@ def parse_spark_conf(text: str) -> dict[str, str]:
     return parsed
 
 
-def load_settings() -> Settings:
-    """Read and validate the settings from the process environment."""
+def load_settings(**overrides: object) -> Settings:
+    """Read and validate the settings from the process environment; `overrides` (field names) take precedence,
+    for the few a code location's own configuration fixes (a `dg` component's `deployment`)."""
     try:
-        return Settings()
+        return Settings(**overrides)
     except ValidationError as error:
         raise SettingsError("; ".join(_describe(e) for e in error.errors())) from None
 

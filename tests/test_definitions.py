@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import dagster as dg
@@ -119,3 +120,24 @@ def test_a_bad_declaration_or_setting_fails_the_code_location_load(
     )
     assert result.returncode != 0
     assert message in result.stderr + result.stdout, (result.stderr + result.stdout)[-3000:]
+
+
+def test_each_window_asset_has_a_freshness_policy_of_window_lateness_watermark_and_slack(defs: dg.Definitions) -> None:
+    """The daemon (`freshness: enabled` in dagster.yaml) fails an asset not materialized within the window, its
+    allowed lateness, the watermark's band and idle time (defaults 10 s and 120 s) and 5 minutes."""
+    expected = {
+        "event_counts": timedelta(seconds=60 + 30 + 10 + 120, minutes=5),  # the settings' 1-minute windows
+        "region_sales": timedelta(minutes=5 + 1 + 5, seconds=10 + 120),  # 5-minute windows, 1 minute late
+    }
+    for asset, deadline in expected.items():
+        policy = defs.get_assets_def(asset).specs_by_key[dg.AssetKey(asset)].freshness_policy
+        assert isinstance(policy, dg.FreshnessPolicy)
+        assert (policy.fail_window.to_timedelta(), policy.warn_window) == (deadline, None)
+    assert defs.resolve_assets_def("raw_events").specs_by_key[dg.AssetKey("raw_events")].freshness_policy is None
+
+
+def test_the_window_assets_checks_are_blocking(defs: dg.Definitions) -> None:
+    """A check failing with ERROR severity fails its run, which a run failure sensor routes to an alert."""
+    for asset in ("event_counts", "region_sales"):
+        specs = {spec.name: spec.blocking for spec in defs.get_assets_def(asset).check_specs}
+        assert specs == {"counts_match_raw": True, "late_records_accounted": True, "no_duplicate_record_ids": True}

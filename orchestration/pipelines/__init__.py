@@ -28,17 +28,21 @@ def declared_pipelines(settings: Settings) -> list[Pipeline]:
     """`ONCEFLOW_PIPELINES`'s `PIPELINES`, else the built-ins; not yet resolved."""
     if not settings.pipelines:
         return builtin_pipelines(settings)
-    variable = f"ONCEFLOW_PIPELINES={settings.pipelines!r}"
+    return pipelines_in_module(settings.pipelines, f"ONCEFLOW_PIPELINES={settings.pipelines!r}")
+
+
+def pipelines_in_module(name: str, named_by: str) -> list[Pipeline]:
+    """The `PIPELINES` of the module `name`, not yet resolved; errors start with `named_by`, what named it."""
     try:
-        module = importlib.import_module(settings.pipelines)
+        module = importlib.import_module(name)
     except ModuleNotFoundError as error:
-        raise SettingsError(f"{variable}: cannot import it ({error})") from None
+        raise SettingsError(f"{named_by}: cannot import it ({error})") from None
     pipelines = getattr(module, "PIPELINES", None)
     if not isinstance(pipelines, list | tuple) or not pipelines:
-        raise SettingsError(f"{variable}: the module must define PIPELINES, a non-empty list of Pipeline")
+        raise SettingsError(f"{named_by}: the module must define PIPELINES, a non-empty list of Pipeline")
     for index, pipeline in enumerate(pipelines):
         if not isinstance(pipeline, Pipeline):
-            raise SettingsError(f"{variable}: PIPELINES[{index}] is {type(pipeline).__name__}, not a Pipeline")
+            raise SettingsError(f"{named_by}: PIPELINES[{index}] is {type(pipeline).__name__}, not a Pipeline")
     return list(pipelines)
 
 
