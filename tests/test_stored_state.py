@@ -162,9 +162,10 @@ def test_a_plan_carried_by_a_delta_commit_in_the_previous_format_loads(tmp_path:
     )
 
     commit_with_plan(source, 6, PLAN_V0.replace(b'"batch_id": 5', b'"batch_id": 6, "version": 7'))
-    with pytest.raises(UnknownStateVersion, match=rf"^{re.escape(source.raw_path)}: userMetadata onceflow_plan "
-                                                  rf"of {re.escape(source.app_id)} batch 6: BatchPlan format "
-                                                  r"version 7 is unknown \(this onceflow reads versions up to 1\)"):
+    where = (f"the Delta commit of {source.app_id} batch 6 (userMetadata onceflow_plan) in {source.raw_path} or "
+             f"{source.dead_letter_path}")
+    with pytest.raises(UnknownStateVersion, match=rf"^{re.escape(where)}: BatchPlan format version 7 is unknown "
+                                                  r"\(this onceflow reads versions up to 1\)"):
         plan_of(source, 6)
 
 

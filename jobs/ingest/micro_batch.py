@@ -80,7 +80,7 @@ def pending_batch(source: SourceRuntime, lake: int) -> None:
         return
     if source.checkpoints.get_plan(pending) is not None:
         return
-    plan = _plan_in(committed_metadata(source.dead_letter_path, source.app_id, [pending]).get(pending, {}))
+    plan = _plan_in(source, committed_metadata(source.dead_letter_path, source.app_id, [pending]).get(pending, {}))
     if plan is not None:
         source.checkpoints.plan(plan)
 
@@ -152,7 +152,8 @@ def _plan_in(source: SourceRuntime, metadata: dict) -> BatchPlan | None:
     """The plan a batch's Delta commit carried (read like a stored one: an older format is upgraded)."""
     if PLAN_KEY not in metadata:
         return None
-    where = f"{source.raw_path}: userMetadata {PLAN_KEY} of {source.app_id} batch {metadata.get('onceflow_batch')}"
+    where = (f"the Delta commit of {source.app_id} batch {metadata.get('onceflow_batch')} (userMetadata {PLAN_KEY}) "
+             f"in {source.raw_path} or {source.dead_letter_path}")
     return BatchPlan.load(metadata[PLAN_KEY], where)
 
 
