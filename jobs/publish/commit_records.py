@@ -2,7 +2,8 @@
 (`SequenceRecord`), its progress (`SequenceState`, with its `Attempt`s and `StateEvent`s) and the markers of
 finished sequences and published high watermarks. Each is a versioned `Stored` document (see
 `onceflow.resources.stored`); a record's step specs are plain JSON objects whose meaning belongs to
-`onceflow.jobs.publish.sequence`.
+`onceflow.jobs.publish.sequence`. `SequenceState` also holds the rules of a sequence's progress (attempt
+lineages, the budget, quarantine and re-arm) as pure functions; the store applies them by compare-and-swap.
 """
 
 from __future__ import annotations
@@ -149,6 +150,23 @@ class SequenceState(Stored):
     def next_attempt(self) -> int:
         """The number a new attempt lineage would get."""
         return self.lineages + 1
+
+    def started(self, run_id: str, root_run_id: str, at_ms: int) -> SequenceState:
+        """This state with run `run_id`'s attempt started: in its root's lineage if that tried already, else in
+        the next one, or quarantined instead when that would exceed the budget. Unchanged unless pending."""
+        if self.status != PENDING:
+            return self
+        earlier = [a.number for a in self.attempts if a.root_run_id == root_run_id]
+        if earlier:
+            number = earlier[0]
+        elif self.attempts_used >= self.max_attempts:
+            reason = (f"{self.attempts_used} of {self.max_attempts} attempts used; "
+                      f"last error: {self.last_error or 'none recorded (the runs died)'}")
+            return self.quarantined(reason, at_ms)
+        else:
+            number = self.next_attempt
+        attempt = Attempt(number=number, run_id=run_id, root_run_id=root_run_id, started_at_ms=at_ms)
+        return self.model_copy(update={"attempts": (*self.attempts, attempt)})
 
     def quarantined(self, reason: str, at_ms: int) -> SequenceState:
         """This state quarantined for `reason`: no attempt runs until a re-arm."""

@@ -133,23 +133,7 @@ class CommitStore:
         the sequence is (or thereby becomes) done or quarantined.
         """
         started = self.clock()
-
-        def change(state: SequenceState) -> SequenceState:
-            if state.status != PENDING:
-                return state
-            earlier = [a.number for a in state.attempts if a.root_run_id == root_run_id]
-            if earlier:
-                number = earlier[0]
-            elif state.attempts_used >= state.max_attempts:
-                reason = (f"{state.attempts_used} of {state.max_attempts} attempts used; "
-                          f"last error: {state.last_error or 'none recorded (the runs died)'}")
-                return state.quarantined(reason, started)
-            else:
-                number = state.next_attempt
-            attempt = Attempt(number=number, run_id=run_id, root_run_id=root_run_id, started_at_ms=started)
-            return state.model_copy(update={"attempts": (*state.attempts, attempt)})
-
-        state = self._update(sequence_id, change)
+        state = self._update(sequence_id, lambda s: s.started(run_id, root_run_id, started))
         if state.status != PENDING:
             raise SequenceClosed(sequence_id, state.status, state.quarantine_reason)
         return next(a.number for a in reversed(state.attempts) if a.run_id == run_id)
