@@ -165,12 +165,15 @@ class EpochStore:
     def _state(self, key: str, data: bytes | None) -> EpochState:
         return EpochState.load(data, self.store.url(key)) if data else EpochState()
 
+    def _load(self, pipeline: str) -> EpochState:
+        return self._state(f"{pipeline}.json", self.store.read(f"{pipeline}.json"))
+
     def current(self, pipeline: str) -> int:
-        return self._state(f"{pipeline}.json", self.store.read(f"{pipeline}.json")).epoch
+        return self._load(pipeline).epoch
 
     def first_batches(self, pipeline: str) -> list[int]:
         """The first batch number of each epoch so far, by epoch (epoch 0 starts at 1)."""
-        return list(self._state(f"{pipeline}.json", self.store.read(f"{pipeline}.json")).first_batches)
+        return list(self._load(pipeline).first_batches)
 
     def advance(self, pipeline: str, first_batch: int) -> int:
         """Start the next epoch of `pipeline`, its batches numbered from `first_batch`, and return its number."""
