@@ -22,7 +22,7 @@ from google.cloud import bigquery
 
 from onceflow.assets.commits_check import COMMITS_NOT_QUARANTINED
 from onceflow.jobs.finalize_job import FINALIZE_JOB, SEQUENCE_TAG, finalize_run_config
-from onceflow.jobs.publish.commit_store import DONE, PENDING, QUARANTINED
+from onceflow.jobs.publish.commit_records import DONE, PENDING, QUARANTINED
 from onceflow.jobs.publish.pane_sequence import BigQueryTarget
 from onceflow.jobs.publish.sequence import FileFinalize
 from onceflow.orchestration.definitions import definitions

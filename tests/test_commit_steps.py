@@ -24,7 +24,8 @@ from google.api_core.exceptions import NotFound
 from google.cloud import bigquery
 
 from onceflow.jobs.publish.bigquery_load import BigQueryLoad
-from onceflow.jobs.publish.commit_store import DONE, FAILED, PENDING, QUARANTINED, CommitStore
+from onceflow.jobs.publish.commit_records import DONE, FAILED, PENDING, QUARANTINED
+from onceflow.jobs.publish.commit_store import CommitStore
 from onceflow.jobs.publish.pane_sequence import BigQueryTarget, PublishedPane, publish_pane
 from onceflow.jobs.publish.sequence import (
     CommitSequence,

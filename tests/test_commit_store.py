@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from onceflow.jobs.publish.commit_store import (
+from onceflow.jobs.publish.commit_records import (
     DONE,
     FAILED,
     PENDING,
     QUARANTINED,
-    CommitStore,
     SequenceClosed,
     SequenceRecord,
 )
+from onceflow.jobs.publish.commit_store import CommitStore
 from onceflow.resources.object_store import LocalStore
 
 SEQ = "event_counts:2026-11-21-10:05:pane-1"
@@ -29,7 +29,7 @@ def store(tmp_path: Path) -> CommitStore:
 
 
 def record(max_attempts: int = 5, seq: str = SEQ, steps: tuple[dict, ...] = STEPS) -> SequenceRecord:
-    return SequenceRecord(seq, steps, max_attempts, created_at_ms=1)
+    return SequenceRecord(id=seq, steps=steps, max_attempts=max_attempts, created_at_ms=1)
 
 
 def all_at_once(count: int, work: Callable[[int], None]) -> None:
@@ -67,18 +67,18 @@ def test_a_sequence_is_written_once_and_the_first_stands(store: CommitStore, tmp
 @pytest.mark.parametrize("bad", ["", "a/b", "../x", "a..b", "a b", "/abs"])
 def test_ids_that_could_escape_or_nest_are_refused(store: CommitStore, bad: str) -> None:
     with pytest.raises(ValueError, match="invalid commit sequence id"):
-        SequenceRecord(bad, STEPS)
+        SequenceRecord(id=bad, steps=STEPS)
     with pytest.raises(ValueError, match="invalid commit sequence id"):
         store.get(bad)
 
 
 def test_records_need_steps_with_kinds_and_a_positive_budget() -> None:
     with pytest.raises(ValueError, match="no steps"):
-        SequenceRecord(SEQ, ())
+        SequenceRecord(id=SEQ, steps=())
     with pytest.raises(ValueError, match="has no 'kind'"):
-        SequenceRecord(SEQ, ({"x": 1},))
+        SequenceRecord(id=SEQ, steps=({"x": 1},))
     with pytest.raises(ValueError, match="max_attempts"):
-        SequenceRecord(SEQ, STEPS, max_attempts=0)
+        SequenceRecord(id=SEQ, steps=STEPS, max_attempts=0)
 
 
 def test_initial_state_and_step_marks(store: CommitStore) -> None:
@@ -87,11 +87,11 @@ def test_initial_state_and_step_marks(store: CommitStore) -> None:
     store.write_sequence(record())
 
     initial = store.state(SEQ)
-    assert (initial.status, initial.steps, initial.attempts, initial.version) == (PENDING, (PENDING,) * 3, (), 0)
+    assert (initial.status, initial.steps, initial.attempts, initial.revision) == (PENDING, (PENDING,) * 3, (), 0)
     assert store.unfinished() == [SEQ]
 
     assert store.mark_step_done(SEQ, 1).steps == (PENDING, DONE, PENDING)
-    assert store.mark_step_done(SEQ, 1).version == 1  # idempotent: no new version
+    assert store.mark_step_done(SEQ, 1).revision == 1  # idempotent: no new revision
     assert store.state(SEQ).steps == (PENDING, DONE, PENDING)
     with pytest.raises(IndexError):
         store.mark_step_done(SEQ, 3)
@@ -211,7 +211,7 @@ def test_concurrent_updates_are_never_lost(store: CommitStore) -> None:
     assert sorted(a.run_id for a in state.attempts) == [f"run-{i}" for i in range(8)]
     assert sorted(a.number for a in state.attempts) == list(range(1, 9))
     assert all(a.outcome == FAILED for a in state.attempts)
-    assert state.version == 24  # every one of the 3 x 8 changes is its own version
+    assert state.revision == 24  # every one of the 3 x 8 changes is its own revision
 
 
 def test_high_watermark_only_grows_whatever_the_order(store: CommitStore) -> None:

@@ -17,7 +17,8 @@ from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import CommitProperties
 from google.cloud import storage
 
-from onceflow.jobs.publish.commit_store import DONE, CommitStore
+from onceflow.jobs.publish.commit_records import DONE
+from onceflow.jobs.publish.commit_store import CommitStore
 from onceflow.jobs.publish.pane_sequence import publish_pane
 from onceflow.jobs.publish.sequence import run_sequence
 from onceflow.jobs.publish.step import CommitContext

@@ -212,7 +212,7 @@ def test_positions_are_exact_where_spark_splits_a_file(
     (incoming / "blank.jsonl").write_bytes(b"\n \n\r\n")
     source = source_for(builtin("events"), home)
     reader = source.reader
-    plan = dataclasses.replace(plan_next(source), files=tuple(reader.directory.discover(set(), 10, 2**62)))
+    plan = plan_next(source).model_copy(update={"files": tuple(reader.directory.discover(set(), 10, 2**62))})
     spark.conf.set("spark.sql.files.maxPartitionBytes", str(split_bytes))
     try:
         scan = spark.read.text([reader.directory.path_of(e) for e in plan.files])

@@ -78,7 +78,8 @@ def test_a_recompute_beyond_retention_fails_saying_why(spark: SparkSession, tmp_
     base = (int(time.time() * 1000) - 40 * 24 * HOUR) // 60_000 * 60_000
     window = Window(base, base + 60_000)
     closes = CloseStore(lake.panes(), output.asset)
-    closes.close(window, PaneClose(window.start_ms, 1, "on_time", 3, 2, window.end_ms, window.end_ms + 40_000))
+    closes.close(window, PaneClose(window_start_ms=window.start_ms, pane=1, timing="on_time", raw_version=3,
+                                   max_batch_id=2, watermark_ms=window.end_ms, closed_at_ms=window.end_ms + 40_000))
 
     with pytest.raises(PinnedInputExpired, match=rf"event_counts window {window.key} pane 1 was closed at raw "
                                                  r"version 3 on .*; the tables keep versions for 720 hours"):

@@ -113,7 +113,8 @@ def test_window_sensor_requests_closed_windows_in_order_then_refires_late_ones(
 
     # Window 0 closed; a new batch holds an event of window 0: under `refire` its next pane is requested.
     CloseStore(lake.panes(), "event_counts").close(
-        windows[0], PaneClose(windows[0].start_ms, 1, "on_time", 3, 3, BASE + 151_000, BASE + 151_000)
+        windows[0], PaneClose(window_start_ms=windows[0].start_ms, pane=1, timing="on_time", raw_version=3,
+                              max_batch_id=3, watermark_ms=BASE + 151_000, closed_at_ms=BASE + 151_000)
     )
     checkpoint.committed_batch = 4
     checkpoint.recent_batches.append((4, BASE + 30_000))
@@ -139,7 +140,9 @@ def test_window_sensor_requests_a_final_pane_again_until_it_is_committed(
     # Its run fails twice (it closed the window, then died before the final pane was committed): the cursor
     # has moved past the window, and still the sensor asks again, under a new run key each time.
     cursor = first.cursor
-    CloseStore(lake.panes(), "event_counts").close(window, PaneClose(BASE, 1, "on_time", 3, 1, BASE, BASE))
+    CloseStore(lake.panes(), "event_counts").close(window, PaneClose(
+        window_start_ms=BASE, pane=1, timing="on_time", raw_version=3, max_batch_id=1, watermark_ms=BASE,
+        closed_at_ms=BASE))
     (run,) = launch(instance, first.run_requests)
     instance.report_run_failed(run)
     again = evaluate(sensor, instance, lake, cursor)

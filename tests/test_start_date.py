@@ -42,7 +42,7 @@ def test_records_before_the_start_date_request_no_partition_and_are_counted(
     drain(lambda: spark, source)
     assert len(read_rows(source.raw_path, ["record_id"])) == 6  # the early records are valid raw rows
     # The watermark has passed the first window (and its allowed lateness) only.
-    source.checkpoints.update(lambda c: dataclasses.replace(c, watermark={**c.watermark, "watermark_ms": midnight + 100_000}))
+    source.checkpoints.update(lambda c: c.model_copy(update={"watermark": {**c.watermark, "watermark_ms": midnight + 100_000}}))
     window = Window(midnight, midnight + 60_000)
 
     with dg.instance_for_test() as instance:

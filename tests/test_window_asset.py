@@ -165,7 +165,8 @@ def test_a_backfill_across_the_retention_fails_only_the_expired_window(ingested,
     # Window 0 was closed long ago: its pinned raw version is beyond the retention the tables keep.
     long_ago = int(time.time() * 1000) - pipeline.retention_s * 1000 - 3_600_000
     CloseStore(lake.panes(), output.asset).close(
-        windows[0], PaneClose(windows[0].start_ms, 1, "on_time", 1, 1, long_ago, long_ago))
+        windows[0], PaneClose(window_start_ms=windows[0].start_ms, pane=1, timing="on_time", raw_version=1,
+                              max_batch_id=1, watermark_ms=long_ago, closed_at_ms=long_ago))
     dagster_home = tmp_path / "dagster"
     dagster_home.mkdir()
 

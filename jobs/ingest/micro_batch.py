@@ -80,7 +80,7 @@ def pending_batch(source: SourceRuntime, lake: int) -> None:
         return
     if source.checkpoints.get_plan(pending) is not None:
         return
-    plan = _plan_in(committed_metadata(source.dead_letter_path, source.app_id, [pending]).get(pending, {}))
+    plan = _plan_in(source, committed_metadata(source.dead_letter_path, source.app_id, [pending]).get(pending, {}))
     if plan is not None:
         source.checkpoints.plan(plan)
 
@@ -118,7 +118,7 @@ def align_with_lake(source: SourceRuntime) -> tuple[SourceCheckpoint, int | None
             times = metadata.get(EVENT_TIMES_KEY)
             if times is not None:
                 with_event_times(c, batch, *times)
-            plan = source.checkpoints.get_plan(batch) or _plan_in(metadata)
+            plan = source.checkpoints.get_plan(batch) or _plan_in(source, metadata)
             if plan is None:
                 continue
             c.taken_files.update({f.path: f for f in plan.files})
@@ -145,11 +145,16 @@ def plan_of(source: SourceRuntime, batch: int) -> BatchPlan | None:
     """A committed batch's plan: from the checkpoints, else as its commit carried it (what is left when the
     checkpoints were restored from an old copy); None when neither holds it."""
     plan = source.checkpoints.get_plan(batch)
-    return plan or _plan_in(committed_metadatas(source, range(batch, batch + 1)).get(batch, {}))
+    return plan or _plan_in(source, committed_metadatas(source, range(batch, batch + 1)).get(batch, {}))
 
 
-def _plan_in(metadata: dict) -> BatchPlan | None:
-    return BatchPlan.from_dict(metadata[PLAN_KEY]) if PLAN_KEY in metadata else None
+def _plan_in(source: SourceRuntime, metadata: dict) -> BatchPlan | None:
+    """The plan a batch's Delta commit carried (read like a stored one: an older format is upgraded)."""
+    if PLAN_KEY not in metadata:
+        return None
+    where = (f"the Delta commit of {source.app_id} batch {metadata.get('onceflow_batch')} (userMetadata {PLAN_KEY}) "
+             f"in {source.raw_path} or {source.dead_letter_path}")
+    return BatchPlan.load(metadata[PLAN_KEY], where)
 
 
 @dataclass(frozen=True)

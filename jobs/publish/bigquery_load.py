@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from onceflow.jobs.publish.commit_store import asset_key_part
+from onceflow.jobs.publish.commit_records import asset_key_part
 from onceflow.jobs.publish.sink_types import bigquery_field, parse_sink_type
 from onceflow.jobs.publish.step import CommitContext, CommitStep, sha256_hex
 

@@ -3,201 +3,59 @@
 A commit sequence is the ordered list of side effects that publish one result (rename files into place, load
 BigQuery, record a high watermark). It is written once, *before* any step runs (write-ahead); whoever finds it
 unfinished later verifies and redoes its steps until every one verifies. This module only stores sequences and
-their progress; what a step is and how it runs belongs to `onceflow.jobs.publish.sequence` (resources know nothing of jobs).
+their progress (the documents it keeps are in `onceflow.jobs.publish.commit_records`); what a step is and how it
+runs belongs to `onceflow.jobs.publish.sequence`.
 
 Layout in the `ObjectStore` (local disk or `gs://`, see `LakeResource.commits()`):
 
 ```
 sequences/<id>.json          the sequence: its ordered step specs; created once, never changed
-state/<id>/<version>.json    its progress (`SequenceState`); every change is a new version, created only if absent
+state/<id>/<revision>.json   its progress (`SequenceState`); every change is a new revision, created only if absent
 done/<id>.json               written once when the sequence finished: lets `unfinished()` skip finished ones cheaply
 published/<asset>/<ms>.json  high-watermark markers of an asset: its published-through value is the largest
 ```
 
-Every change of a sequence's state is a compare-and-swap: the writer reads the newest version `v` and creates
-version `v + 1` with the object store's create-if-absent (`os.link` on disk, `if_generation_match=0` on GCS); if
+Every change of a sequence's state is a compare-and-swap: the writer reads the newest revision `r` and creates
+revision `r + 1` with the object store's create-if-absent (`os.link` on disk, `if_generation_match=0` on GCS); if
 another writer created it first, the change is recomputed on top of that one. So two runners of one sequence, or a
-runner and an operator, never lose each other's updates. Versions are never deleted while a sequence lives (a
-deleted version number could be created again by a stale writer); a sequence accumulates a few per attempt.
+runner and an operator, never lose each other's updates. Revisions are never deleted while a sequence lives (a
+deleted revision number could be created again by a stale writer); a sequence accumulates a few per attempt.
 
 A sequence id and an asset name become key parts: ids are restricted to `[A-Za-z0-9_.:=-]` (no `/`, no `..`).
 
 Example::
 
     store = CommitStore(lake.commits())
-    if store.write_sequence(SequenceRecord("event_counts:2026-11-21-10:05:pane-1", steps)):
+    if store.write_sequence(SequenceRecord(id="event_counts:2026-11-21-10:05:pane-1", steps=steps)):
         ...  # this writer's sequence stands; else an earlier one with the same id does
     number = store.start_attempt(sequence_id, run_id=run.run_id, root_run_id=run.root_run_id)
 """
 
 from __future__ import annotations
 
-import json
 import random
-import re
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Literal
+from collections.abc import Callable
 
+from onceflow.jobs.publish.commit_records import (
+    DONE,
+    FAILED,
+    PENDING,
+    QUARANTINED,
+    Attempt,
+    AttemptOutcome,
+    PublishedMark,
+    SequenceClosed,
+    SequenceDone,
+    SequenceRecord,
+    SequenceState,
+    asset_key_part,
+    checked_sequence_id,
+    now_ms,
+)
 from onceflow.resources.object_store import ObjectStore
 
-PENDING: Literal["pending"] = "pending"
-DONE: Literal["done"] = "done"
-QUARANTINED: Literal["quarantined"] = "quarantined"
-FAILED: Literal["failed"] = "failed"
-SequenceStatus = Literal["pending", "done", "quarantined"]
-StepStatus = Literal["pending", "done"]
-AttemptOutcome = Literal["done", "failed"]
-
-DEFAULT_MAX_ATTEMPTS = 5
-_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:=-]*$")
-_ASSET = re.compile(r"^[a-z][a-z0-9_]*(/[a-z][a-z0-9_]*)*$")
 _CAS_TRIES = 1000
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-def checked_sequence_id(sequence_id: str) -> str:
-    """Return `sequence_id` if it is usable as a key part, else raise `ValueError`."""
-    if not _ID.match(sequence_id) or ".." in sequence_id or len(sequence_id) > 512:
-        raise ValueError(f"invalid commit sequence id {sequence_id!r}: [A-Za-z0-9_.:=-] only, no '..'")
-    return sequence_id
-
-
-def asset_key_part(asset: str) -> str:
-    """An asset name (`event_counts`, `team/event_counts`) as one key part: `/` becomes `.` (names have no `.`)."""
-    if not _ASSET.match(asset):
-        raise ValueError(f"invalid asset name {asset!r}: lowercase letters, digits, '_' and '/' separators only")
-    return asset.replace("/", ".")
-
-
-class SequenceClosed(Exception):
-    """Raised by `CommitStore.start_attempt` when the sequence is done or quarantined: no attempt was recorded."""
-
-    def __init__(self, sequence_id: str, status: SequenceStatus, reason: str | None) -> None:
-        super().__init__(f"commit sequence {sequence_id} is {status}" + (f": {reason}" if reason else ""))
-        self.sequence_id = sequence_id
-        self.status = status
-        self.reason = reason
-
-
-@dataclass(frozen=True)
-class SequenceRecord:
-    """A commit sequence as stored: its id and ordered step specs, each a JSON object with a `kind`.
-
-    `max_attempts` is the budget of attempt lineages before the sequence is quarantined (see `SequenceState`).
-    The record is immutable once written: a sequence's steps are fixed before the first of them runs.
-    """
-
-    id: str
-    steps: tuple[Mapping[str, Any], ...]
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS
-    created_at_ms: int = field(default_factory=_now_ms)
-
-    def __post_init__(self) -> None:
-        checked_sequence_id(self.id)
-        if not self.steps:
-            raise ValueError(f"commit sequence {self.id} has no steps")
-        for index, step in enumerate(self.steps):
-            if not isinstance(step.get("kind"), str):
-                raise ValueError(f"step {index} of commit sequence {self.id} has no 'kind': {step!r}")
-        if self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be at least 1, got {self.max_attempts}")
-
-    def to_json(self) -> bytes:
-        return json.dumps(
-            {"id": self.id, "steps": [dict(s) for s in self.steps], "max_attempts": self.max_attempts,
-             "created_at_ms": self.created_at_ms},
-            sort_keys=True,
-        ).encode()
-
-    @classmethod
-    def from_json(cls, data: bytes) -> SequenceRecord:
-        raw = json.loads(data)
-        return cls(raw["id"], tuple(raw["steps"]), raw["max_attempts"], raw["created_at_ms"])
-
-
-@dataclass(frozen=True)
-class Attempt:
-    """One run's try at a sequence.
-
-    `number` is the attempt lineage: runs with the same Dagster `root_run_id` (a run and its automatic retries)
-    share one number; a run with a new root gets the next number. Numbers count up over the sequence's whole life,
-    re-arms included, so `<sequence>:attempt:<number>` never repeats. `outcome` is None while the run is going on,
-    and stays None when the process died in it.
-    """
-
-    number: int
-    run_id: str
-    root_run_id: str
-    started_at_ms: int
-    finished_at_ms: int | None = None
-    outcome: AttemptOutcome | None = None
-    error: str | None = None
-
-
-@dataclass(frozen=True)
-class StateEvent:
-    """An operator-visible change of status: `quarantined` (with the reason) or `rearmed`."""
-
-    at_ms: int
-    event: str
-    detail: str | None = None
-
-
-@dataclass(frozen=True)
-class SequenceState:
-    """The progress of one sequence, as of `version` (0: nothing recorded yet).
-
-    `status` is `pending` until every step verified (`done`, final) or the attempt budget ran out
-    (`quarantined`, until an operator re-arms it). `steps[i]` is `done` once step `i` verified; a `pending`
-    step may or may not have taken effect, which is what its `verify()` finds out. The budget: attempt lineages
-    started since the last re-arm (`attempts_used`) may not exceed `max_attempts`; the sequence is quarantined
-    when the last allowed lineage fails, or when a new lineage would exceed it (earlier ones having died).
-    """
-
-    sequence_id: str
-    status: SequenceStatus
-    steps: tuple[StepStatus, ...]
-    max_attempts: int
-    attempts: tuple[Attempt, ...] = ()
-    budget_from: int = 0
-    last_error: str | None = None
-    quarantine_reason: str | None = None
-    history: tuple[StateEvent, ...] = ()
-    updated_at_ms: int | None = None
-    version: int = 0
-
-    @property
-    def lineages(self) -> int:
-        """How many attempt lineages (distinct root runs) ever started."""
-        return max((a.number for a in self.attempts), default=0)
-
-    @property
-    def attempts_used(self) -> int:
-        """Attempt lineages started since the last re-arm: what counts against `max_attempts`."""
-        return self.lineages - self.budget_from
-
-    @property
-    def next_attempt(self) -> int:
-        """The number a new attempt lineage would get."""
-        return self.lineages + 1
-
-    def to_json(self) -> bytes:
-        raw = asdict(self)
-        del raw["version"]
-        return json.dumps(raw, sort_keys=True).encode()
-
-    @classmethod
-    def from_json(cls, data: bytes, version: int) -> SequenceState:
-        raw = json.loads(data)
-        raw["steps"] = tuple(raw["steps"])
-        raw["attempts"] = tuple(Attempt(**a) for a in raw["attempts"])
-        raw["history"] = tuple(StateEvent(**e) for e in raw["history"])
-        return cls(**raw, version=version)
 
 
 class CommitStore:
@@ -207,7 +65,7 @@ class CommitStore:
     `state` is replaced only through compare-and-swap, never read-modify-written blindly.
     """
 
-    def __init__(self, store: ObjectStore, clock: Callable[[], int] = _now_ms) -> None:
+    def __init__(self, store: ObjectStore, clock: Callable[[], int] = now_ms) -> None:
         self.store = store
         self.clock = clock
 
@@ -223,8 +81,9 @@ class CommitStore:
 
     def get(self, sequence_id: str) -> SequenceRecord | None:
         """The sequence `sequence_id`, or None if it was never written."""
-        data = self.store.read(self._sequence_key(sequence_id))
-        return SequenceRecord.from_json(data) if data is not None else None
+        key = self._sequence_key(sequence_id)
+        data = self.store.read(key)
+        return SequenceRecord.load(data, self.store.url(key)) if data is not None else None
 
     def sequences(self) -> list[str]:
         """Ids of all stored sequences, sorted."""
@@ -261,7 +120,7 @@ class CommitStore:
                 return None
             steps = list(state.steps)
             steps[step_index] = DONE
-            return replace(state, steps=tuple(steps))
+            return state.model_copy(update={"steps": tuple(steps)})
 
         return self._update(sequence_id, change)
 
@@ -274,23 +133,7 @@ class CommitStore:
         the sequence is (or thereby becomes) done or quarantined.
         """
         started = self.clock()
-
-        def change(state: SequenceState) -> SequenceState:
-            if state.status != PENDING:
-                return state
-            earlier = [a.number for a in state.attempts if a.root_run_id == root_run_id]
-            if earlier:
-                number = earlier[0]
-            elif state.attempts_used >= state.max_attempts:
-                reason = (f"{state.attempts_used} of {state.max_attempts} attempts used; "
-                          f"last error: {state.last_error or 'none recorded (the runs died)'}")
-                return self._quarantined(state, reason)
-            else:
-                number = state.next_attempt
-            attempt = Attempt(number, run_id, root_run_id, started)
-            return replace(state, attempts=(*state.attempts, attempt))
-
-        state = self._update(sequence_id, change)
+        state = self._update(sequence_id, lambda s: s.started(run_id, root_run_id, started))
         if state.status != PENDING:
             raise SequenceClosed(sequence_id, state.status, state.quarantine_reason)
         return next(a.number for a in reversed(state.attempts) if a.run_id == run_id)
@@ -310,24 +153,20 @@ class CommitStore:
             attempts = list(state.attempts)
             for i in range(len(attempts) - 1, -1, -1):
                 if attempts[i].run_id == run_id and attempts[i].outcome is None:
-                    attempts[i] = replace(attempts[i], finished_at_ms=finished, outcome=outcome, error=error)
+                    attempts[i] = attempts[i].model_copy(
+                        update={"finished_at_ms": finished, "outcome": outcome, "error": error})
                     break
             else:
                 raise KeyError(f"run {run_id} has no running attempt at commit sequence {sequence_id}")
-            state = replace(state, attempts=tuple(attempts))
-            if outcome == DONE:
-                if any(s != DONE for s in state.steps):
-                    raise ValueError(f"commit sequence {sequence_id} cannot be done: steps {state.steps}")
-                return replace(state, status=DONE) if state.status != DONE else state
-            state = replace(state, last_error=error)
-            if state.status == PENDING and state.attempts_used >= state.max_attempts:
-                reason = f"{state.attempts_used} of {state.max_attempts} attempts failed; last error: {error}"
-                return self._quarantined(state, reason)
-            return state
+            if outcome != DONE:
+                return state.failed(tuple(attempts), error, finished)
+            if any(s != DONE for s in state.steps):
+                raise ValueError(f"commit sequence {sequence_id} cannot be done: steps {state.steps}")
+            return state.model_copy(update={"attempts": tuple(attempts), "status": DONE})
 
         state = self._update(sequence_id, change)
         if state.status == DONE:
-            self.store.create(f"done/{sequence_id}.json", json.dumps({"at_ms": finished}).encode())
+            self.store.create(f"done/{sequence_id}.json", SequenceDone(at_ms=finished).to_json())
         return state
 
     def record_dead_run(self, sequence_id: str, run_id: str, root_run_id: str, error: str) -> SequenceState:
@@ -344,25 +183,23 @@ class CommitStore:
             attempts = list(state.attempts)
             open_ = [i for i, a in enumerate(attempts) if a.run_id == run_id and a.outcome is None]
             if open_:
-                attempts[open_[-1]] = replace(attempts[open_[-1]], finished_at_ms=now, outcome=FAILED, error=error)
+                attempts[open_[-1]] = attempts[open_[-1]].model_copy(
+                    update={"finished_at_ms": now, "outcome": FAILED, "error": error})
             elif any(a.run_id == run_id for a in attempts):
                 return state
             else:
                 earlier = [a.number for a in attempts if a.root_run_id == root_run_id]
                 number = earlier[0] if earlier else state.next_attempt
-                attempts.append(Attempt(number, run_id, root_run_id, now, now, FAILED, error))
-            state = replace(state, attempts=tuple(attempts), last_error=error)
-            if state.attempts_used >= state.max_attempts:
-                reason = f"{state.attempts_used} of {state.max_attempts} attempts failed; last error: {error}"
-                return self._quarantined(state, reason)
-            return state
+                attempts.append(Attempt(number=number, run_id=run_id, root_run_id=root_run_id, started_at_ms=now,
+                                        finished_at_ms=now, outcome=FAILED, error=error))
+            return state.failed(tuple(attempts), error, now)
 
         return self._update(sequence_id, change)
 
     def quarantine(self, sequence_id: str, reason: str) -> SequenceState:
         """Stop all attempts at a pending sequence until `rearm`. A done sequence stays done."""
         return self._update(
-            sequence_id, lambda s: self._quarantined(s, reason) if s.status == PENDING else None
+            sequence_id, lambda s: s.quarantined(reason, self.clock()) if s.status == PENDING else None
         )
 
     def rearm(self, sequence_id: str, max_attempts: int | None = None) -> SequenceState:
@@ -377,30 +214,21 @@ class CommitStore:
         def change(state: SequenceState) -> SequenceState:
             if state.status == DONE:
                 raise ValueError(f"commit sequence {sequence_id} is done; there is nothing to re-arm")
-            event = StateEvent(self.clock(), "rearmed", f"was {state.status}")
-            return replace(
-                state,
-                status=PENDING,
-                budget_from=state.lineages,
-                max_attempts=max_attempts or state.max_attempts,
-                quarantine_reason=None,
-                history=(*state.history, event),
-            )
+            return state.rearmed(max_attempts or state.max_attempts, self.clock())
 
         return self._update(sequence_id, change)
 
-    def _quarantined(self, state: SequenceState, reason: str) -> SequenceState:
-        event = StateEvent(self.clock(), QUARANTINED, reason)
-        return replace(state, status=QUARANTINED, quarantine_reason=reason, history=(*state.history, event))
-
     def _state(self, record: SequenceRecord) -> SequenceState:
         for _ in range(_CAS_TRIES):
-            versions = self.store.list(self._state_prefix(record.id))
-            if not versions:
-                return SequenceState(record.id, PENDING, tuple(PENDING for _ in record.steps), record.max_attempts)
-            data = self.store.read(versions[-1])
+            revisions = self.store.list(self._state_prefix(record.id))
+            if not revisions:
+                return SequenceState(sequence_id=record.id, status=PENDING,
+                                     steps=tuple(PENDING for _ in record.steps), max_attempts=record.max_attempts)
+            data = self.store.read(revisions[-1])
             if data is not None:  # None only if the sequence's state was removed while listing
-                return SequenceState.from_json(data, int(versions[-1].rsplit("/", 1)[1].removesuffix(".json")))
+                state = SequenceState.load(data, self.store.url(revisions[-1]))
+                revision = int(revisions[-1].rsplit("/", 1)[1].removesuffix(".json"))
+                return state.model_copy(update={"revision": revision})
         raise RuntimeError(f"could not read the state of commit sequence {record.id}")
 
     def _update(
@@ -416,8 +244,8 @@ class CommitStore:
             changed = change(current)
             if changed is None or changed == current:
                 return current
-            new = replace(changed, version=current.version + 1, updated_at_ms=self.clock())
-            if self.store.create(self._state_key(sequence_id, new.version), new.to_json()):
+            new = changed.model_copy(update={"revision": current.revision + 1, "updated_at_ms": self.clock()})
+            if self.store.create(self._state_key(sequence_id, new.revision), new.to_json()):
                 return new
             time.sleep(random.uniform(0, 0.005))  # lost a race: back off a little, recompute on the winner's state
         raise RuntimeError(f"gave up updating commit sequence {sequence_id} after {_CAS_TRIES} lost races")
@@ -434,8 +262,8 @@ class CommitStore:
         if through_ms < 0:
             raise ValueError(f"through_ms must not be negative, got {through_ms}")
         prefix = self._published_prefix(asset)
-        body = json.dumps({"through_ms": through_ms, "at_ms": self.clock()})
-        self.store.create(f"{prefix}{through_ms:015d}.json", body.encode())
+        mark = PublishedMark(through_ms=through_ms, at_ms=self.clock())
+        self.store.create(f"{prefix}{through_ms:015d}.json", mark.to_json())
         markers = self.store.list(prefix)
         for key in markers[:-1]:
             self.store.delete(key)
@@ -455,8 +283,8 @@ class CommitStore:
     def _state_prefix(sequence_id: str) -> str:
         return f"state/{checked_sequence_id(sequence_id)}/"
 
-    def _state_key(self, sequence_id: str, version: int) -> str:
-        return f"{self._state_prefix(sequence_id)}{version:010d}.json"
+    def _state_key(self, sequence_id: str, revision: int) -> str:
+        return f"{self._state_prefix(sequence_id)}{revision:010d}.json"
 
     @staticmethod
     def _published_prefix(asset: str) -> str:

@@ -28,7 +28,8 @@ from decimal import Decimal, localcontext
 from typing import TYPE_CHECKING, Any
 
 from onceflow.jobs.publish.bigquery_load import SUMMABLE_TYPES, BigQueryLoad
-from onceflow.jobs.publish.commit_store import DEFAULT_MAX_ATTEMPTS, CommitStore, asset_key_part
+from onceflow.jobs.publish.commit_records import DEFAULT_MAX_ATTEMPTS, asset_key_part
+from onceflow.jobs.publish.commit_store import CommitStore
 from onceflow.jobs.publish.sequence import CommitSequence, FileFinalize, HighWatermark, sequence_id
 from onceflow.jobs.publish.sink_types import SinkType, json_text, json_value, parse_sink_type, timestamp_text
 from onceflow.jobs.publish.step import CommitStep, sha256_hex

@@ -36,17 +36,17 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from onceflow.jobs.publish.bigquery_load import BigQueryLoad
-from onceflow.jobs.publish.commit_store import (
+from onceflow.jobs.publish.commit_records import (
     DEFAULT_MAX_ATTEMPTS,
     DONE,
     FAILED,
     QUARANTINED,
-    CommitStore,
     SequenceClosed,
     SequenceRecord,
     asset_key_part,
     checked_sequence_id,
 )
+from onceflow.jobs.publish.commit_store import CommitStore
 from onceflow.jobs.publish.step import CommitContext, CommitStep, sha256_hex
 from onceflow.resources.faults import crash_point
 from onceflow.resources.object_store import LocalStore, fsync_dir
@@ -164,7 +164,7 @@ class CommitSequence:
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
 
     def to_record(self) -> SequenceRecord:
-        return SequenceRecord(self.id, tuple(s.to_dict() for s in self.steps), self.max_attempts)
+        return SequenceRecord(id=self.id, steps=tuple(s.to_dict() for s in self.steps), max_attempts=self.max_attempts)
 
     @classmethod
     def from_record(cls, record: SequenceRecord) -> CommitSequence:

@@ -6,6 +6,7 @@ there, `BigQueryLoad` in `onceflow.jobs.publish.bigquery_load`.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from abc import ABC, abstractmethod
@@ -13,6 +14,8 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import ConfigDict, TypeAdapter
 
 from onceflow.jobs.publish.commit_store import CommitStore
 from onceflow.resources.object_store import ObjectStore, open_store
@@ -64,6 +67,8 @@ class CommitStep(ABC):
     """
 
     kind: ClassVar[str]
+    # A stored step's parameters are checked against its fields (`from_params`); one it does not have is an error.
+    __pydantic_config__: ClassVar[ConfigDict] = ConfigDict(extra="forbid")
 
     @abstractmethod
     def verify(self, ctx: CommitContext) -> bool: ...
@@ -82,14 +87,14 @@ class CommitStep(ABC):
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> CommitStep:
-        """The step of this kind with `params` (as `to_dict` stored them, lists read back as tuples)."""
-        return cls(**{name: _tuples(value) for name, value in params.items()})  # type: ignore[call-arg]
+        """The step of this kind with `params` as `to_dict` stored them, validated against the step's field types
+        (lists read back as tuples); pydantic's `ValidationError` (a `ValueError`) when they do not fit."""
+        return _params_of(cls).validate_python(dict(params))
 
 
-def _tuples(value: Any) -> Any:
-    if isinstance(value, list):
-        return tuple(_tuples(v) for v in value)
-    return value
+@functools.cache
+def _params_of(kind: type[CommitStep]) -> TypeAdapter[CommitStep]:
+    return TypeAdapter(kind)
 
 
 

@@ -10,19 +10,19 @@ overlapping runs never move the committed batch, the watermark or the totals bac
 from __future__ import annotations
 
 import copy
-import json
 import random
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ClassVar
+
+from pydantic import ConfigDict, Field
 
 from onceflow.resources.files import FileEntry
 from onceflow.resources.object_store import ObjectStore
+from onceflow.resources.stored import Stored
 
 
-@dataclass(frozen=True)
-class BatchPlan:
+class BatchPlan(Stored):
     """What batch `batch_id` of a source consists of, fixed before the batch is read.
 
     `landing_key` names the immutable landing file of a Pub/Sub batch; `files` lists the files of a file batch.
@@ -37,50 +37,42 @@ class BatchPlan:
     landing_key: str | None = None
     files: tuple[FileEntry, ...] = ()
 
-    def to_dict(self) -> dict:
-        return asdict(self)
 
-    def to_json(self) -> bytes:
-        return json.dumps(self.to_dict(), sort_keys=True).encode()
+class SourceCheckpoint(Stored):
+    """The durable position of a source after its last committed batch.
 
-    @classmethod
-    def from_dict(cls, raw: dict) -> BatchPlan:
-        return cls(**{**raw, "files": tuple(FileEntry(**f) for f in raw.get("files", ()))})
+    Not frozen: a change to it (`CheckpointStore.update`) works on a copy it may modify in place."""
 
-    @classmethod
-    def from_json(cls, data: bytes) -> BatchPlan:
-        return cls.from_dict(json.loads(data))
-
-
-@dataclass
-class SourceCheckpoint:
-    """The durable position of a source after its last committed batch."""
+    model_config = ConfigDict(frozen=False)
 
     committed_batch: int = 0
     min_event_time_ms: int | None = None
     max_event_time_ms: int | None = None
     # (batch id, smallest event time) of the newest batches: where late data may have landed (window sensor).
-    recent_batches: list[tuple[int, int]] = field(default_factory=list)
-    taken_files: dict[str, FileEntry] = field(default_factory=dict)
-    totals: dict[str, int] = field(default_factory=dict)
-    watermark: dict[str, Any] = field(default_factory=dict)
+    recent_batches: list[tuple[int, int]] = Field(default_factory=list)
+    taken_files: dict[str, FileEntry] = Field(default_factory=dict)
+    totals: dict[str, int] = Field(default_factory=dict)
+    watermark: dict[str, Any] = Field(default_factory=dict)
     updated_at_ms: int | None = None
 
-    RECENT_BATCHES = 256
+    RECENT_BATCHES: ClassVar[int] = 256
 
     @property
     def next_batch(self) -> int:
         return self.committed_batch + 1
 
-    def to_json(self) -> bytes:
-        return json.dumps(asdict(self), sort_keys=True).encode()
+
+class EpochState(Stored):
+    """A pipeline's epoch (see `EpochStore`) and the first batch number of each epoch so far, by epoch."""
+
+    epoch: int = 0
+    first_batches: tuple[int, ...] = (1,)
+    at_ms: int | None = None
 
     @classmethod
-    def from_json(cls, data: bytes) -> SourceCheckpoint:
-        raw = json.loads(data)
-        raw["taken_files"] = {k: FileEntry(**v) for k, v in raw.get("taken_files", {}).items()}
-        raw["recent_batches"] = [tuple(b) for b in raw.get("recent_batches", [])]
-        return cls(**raw)
+    def upgrade(cls, raw: dict[str, Any], version: int) -> dict[str, Any]:
+        # Epochs started before they recorded their first batches all numbered theirs from 1.
+        return {"first_batches": [1] * (int(raw.get("epoch", 0)) + 1), **raw}
 
 
 CAS_TRIES = 200
@@ -110,8 +102,9 @@ class CheckpointStore:
         return SourceCheckpoint(committed_batch=self.first_batch - 1)
 
     def load(self) -> SourceCheckpoint:
-        data = self.store.read(self._key("checkpoint.json"))
-        return SourceCheckpoint.from_json(data) if data else self._empty()
+        key = self._key("checkpoint.json")
+        data = self.store.read(key)
+        return SourceCheckpoint.load(data, self.store.url(key)) if data else self._empty()
 
     def update(self, change: Callable[[SourceCheckpoint], SourceCheckpoint | None]) -> SourceCheckpoint:
         """Apply `change` to the newest checkpoint by compare-and-swap and return the checkpoint that stands.
@@ -122,7 +115,7 @@ class CheckpointStore:
         key = self._key("checkpoint.json")
         for _ in range(CAS_TRIES):
             data, token = self.store.read_versioned(key)
-            current = SourceCheckpoint.from_json(data) if data else self._empty()
+            current = SourceCheckpoint.load(data, self.store.url(key)) if data else self._empty()
             changed = change(copy.deepcopy(current))
             if changed is None or changed == current:
                 return current
@@ -142,8 +135,9 @@ class CheckpointStore:
 
     def get_plan(self, batch_id: int) -> BatchPlan | None:
         """The plan of `batch_id`, None if there is none; `EpochSealed` where a reset ended the epoch."""
-        data = self.store.read(self._key(f"batches/{batch_id:012d}.json"))
-        plan = BatchPlan.from_json(data) if data else None
+        key = self._key(f"batches/{batch_id:012d}.json")
+        data = self.store.read(key)
+        plan = BatchPlan.load(data, self.store.url(key)) if data else None
         if plan is not None and plan.kind == SEALED:
             raise EpochSealed(f"{self.source_id}: `onceflow reset` ended this epoch before batch {batch_id}; a run "
                               "of the new epoch takes over")
@@ -168,27 +162,28 @@ class EpochStore:
     def __init__(self, store: ObjectStore) -> None:
         self.store = store
 
-    def _load(self, pipeline: str) -> dict[str, Any]:
-        data = self.store.read(f"{pipeline}.json")
-        return json.loads(data) if data else {"epoch": 0}
+    def _state(self, key: str, data: bytes | None) -> EpochState:
+        return EpochState.load(data, self.store.url(key)) if data else EpochState()
+
+    def _load(self, pipeline: str) -> EpochState:
+        return self._state(f"{pipeline}.json", self.store.read(f"{pipeline}.json"))
 
     def current(self, pipeline: str) -> int:
-        return int(self._load(pipeline)["epoch"])
+        return self._load(pipeline).epoch
 
     def first_batches(self, pipeline: str) -> list[int]:
         """The first batch number of each epoch so far, by epoch (epoch 0 starts at 1)."""
-        state = self._load(pipeline)
-        return state.get("first_batches", [1] * (int(state["epoch"]) + 1))
+        return list(self._load(pipeline).first_batches)
 
     def advance(self, pipeline: str, first_batch: int) -> int:
         """Start the next epoch of `pipeline`, its batches numbered from `first_batch`, and return its number."""
         key = f"{pipeline}.json"
         for _ in range(CAS_TRIES):
             data, token = self.store.read_versioned(key)
-            state = json.loads(data) if data else {"epoch": 0}
-            epoch = int(state["epoch"]) + 1
-            firsts = [*state.get("first_batches", [1] * epoch), first_batch]
-            record = {"epoch": epoch, "first_batches": firsts, "at_ms": int(time.time() * 1000)}
-            if self.store.swap(key, json.dumps(record).encode(), token):
+            state = self._state(key, data)
+            epoch = state.epoch + 1
+            record = EpochState(epoch=epoch, first_batches=(*state.first_batches, first_batch),
+                                at_ms=int(time.time() * 1000))
+            if self.store.swap(key, record.to_json(), token):
                 return epoch
         raise RuntimeError(f"{pipeline}: gave up starting a new epoch after {CAS_TRIES} lost races")

@@ -34,7 +34,8 @@ from pyspark.sql import functions as F
 from onceflow.jobs.declare.declaration import WindowedOutput
 from onceflow.jobs.declare.record_contract import RecordContract
 from onceflow.jobs.ingest.micro_batch import plan_of
-from onceflow.jobs.publish.commit_store import DONE, CommitStore
+from onceflow.jobs.publish.commit_records import DONE
+from onceflow.jobs.publish.commit_store import CommitStore
 from onceflow.jobs.publish.pane_sequence import pane_prefix
 from onceflow.jobs.publish.sequence import sequence_id
 from onceflow.jobs.sources.landed_ids import LandedRecord, identify_all

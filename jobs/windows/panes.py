@@ -9,11 +9,11 @@ panes 2, 3, ... are late panes closed at newer versions when late records arrive
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from onceflow.resources.object_store import ObjectStore
+from onceflow.resources.stored import Stored
 
 PARTITION_FORMAT = "%Y-%m-%d-%H:%M"
 EARLY, ON_TIME, LATE = "early", "on_time", "late"
@@ -53,8 +53,7 @@ def first_window_start_ms(start_date: str) -> int:
     return int(datetime.strptime(start_date, "%Y-%m-%d").replace(tzinfo=UTC).timestamp() * 1000)
 
 
-@dataclass(frozen=True)
-class PaneClose:
+class PaneClose(Stored):
     """The durable record that pane `pane` of a window was closed at raw version `raw_version`.
 
     `max_batch_id` is the newest batch in raw at that version: rows of later batches are late.
@@ -84,7 +83,7 @@ class CloseStore:
         if not keys:
             return None
         data = self.store.read(keys[-1])
-        return PaneClose(**json.loads(data)) if data else None
+        return PaneClose.load(data, self.store.url(keys[-1])) if data else None
 
     def windows(self, window_s: int) -> list[Window]:
         """Every window with a close, oldest first."""
@@ -94,9 +93,9 @@ class CloseStore:
     def close(self, window: Window, close: PaneClose) -> PaneClose:
         """Record `close` unless that pane was closed already; return the close that stands."""
         key = f"{self._prefix(window)}pane-{close.pane:04d}.json"
-        if self.store.create(key, json.dumps(asdict(close), sort_keys=True).encode()):
+        if self.store.create(key, close.to_json()):
             return close
         data = self.store.read(key)
         if data is None:
             raise RuntimeError(f"{self.asset} window {window.key}: pane close {key} vanished")
-        return PaneClose(**json.loads(data))
+        return PaneClose.load(data, self.store.url(key))

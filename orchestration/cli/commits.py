@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from datetime import UTC, datetime
 
-from onceflow.jobs.publish.commit_store import CommitStore, SequenceState
+from onceflow.jobs.publish.commit_records import SequenceState
+from onceflow.jobs.publish.commit_store import CommitStore
 from onceflow.resources.lake import LakeResource
 from onceflow.resources.settings import load_settings
 

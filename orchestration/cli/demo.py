@@ -69,7 +69,8 @@ def run_streaming(
     Dagster on PostgreSQL); `keep` keeps the onceflow home (`StreamingResult.home`) for
     inspection.
     """
-    from onceflow.jobs.publish.commit_store import DONE, CommitStore
+    from onceflow.jobs.publish.commit_records import DONE
+    from onceflow.jobs.publish.commit_store import CommitStore
     from onceflow.jobs.sources.reader import open_source, source_watermark_ms
     from onceflow.jobs.verify.reconcile import render
     from onceflow.orchestration.cli.status import reconcile_pipeline

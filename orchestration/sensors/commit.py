@@ -20,7 +20,8 @@ import dagster as dg
 
 from onceflow.assets.commits_check import quarantine_evaluation, quarantined_of
 from onceflow.jobs.finalize_job import FINALIZE_JOB, SEQUENCE_TAG, finalize_run_config
-from onceflow.jobs.publish.commit_store import PENDING, CommitStore, SequenceState
+from onceflow.jobs.publish.commit_records import PENDING, SequenceState
+from onceflow.jobs.publish.commit_store import CommitStore
 from onceflow.jobs.publish.sequence import sequence_asset
 from onceflow.orchestration.sensors.runs import in_flight, runs_tagged
 from onceflow.resources.lake import LakeResource

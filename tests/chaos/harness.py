@@ -31,7 +31,8 @@ import dagster as dg
 from deltalake.exceptions import TableNotFoundError
 
 from onceflow.jobs.declare.declaration import BigQuerySink
-from onceflow.jobs.publish.commit_store import DONE, CommitStore
+from onceflow.jobs.publish.commit_records import DONE
+from onceflow.jobs.publish.commit_store import CommitStore
 from onceflow.jobs.publish.sequence import sequence_id
 from onceflow.jobs.verify.reconcile import canonical_row, render
 from onceflow.jobs.windows.panes import CloseStore, Window
