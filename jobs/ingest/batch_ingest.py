@@ -3,7 +3,7 @@
 Per batch: validate every record against the pipeline's record contract (`onceflow.jobs.ingest.validation`; bad ones become
 dead-letter rows with a reason) in one Spark action that caches the batch, and drop duplicates inside the batch
 (decided on the driver from a few of its columns). Then, with the ID filters (`onceflow.jobs.dedup.id_filters`, the fast path),
-look up only the IDs they cannot rule out and append the rest (`delta_txn.append_once`); without them,
+look up only the IDs they cannot rule out and append the rest (`onceflow.jobs.delta.transactions.append_once`); without them,
 `MERGE INTO raw ... ON record_id ... WHEN NOT MATCHED THEN INSERT` with a partition predicate that bounds the
 lookup to the dedup horizon. Dead letters are MERGEd into the dead-letter table on their record ID, so a bad record
 redelivered in a later batch is held once. Every commit carries the SetTransaction `(app id, batch id)`, so
