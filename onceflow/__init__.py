@@ -3,7 +3,7 @@
 What a data engineer imports (DESIGN section 6a):
 
     import onceflow
-    from onceflow import BigQuerySink, FileSink, FileSource, Pipeline, PubSubSource, WindowedOutput
+    from onceflow import BigQuerySink, FileSink, FileSource, KafkaSource, Pipeline, PubSubSource, WindowedOutput
 
     defs = onceflow.definitions([my_pipeline])   # a Dagster `Definitions` for a project's code location
 
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
         Pipeline,
         WindowedOutput,
     )
-    from onceflow.jobs.declare.sources import FileSource, PubSubSource
+    from onceflow.jobs.declare.sources import FileSource, KafkaSource, PubSubSource
     from onceflow.orchestration.component import OnceflowPipelines
     from onceflow.orchestration.definitions import definitions
 
@@ -37,6 +37,7 @@ _PUBLIC = {
     "DeclarationError": "onceflow.jobs.declare.declaration",
     "FileSink": "onceflow.jobs.declare.declaration",
     "FileSource": "onceflow.jobs.declare.sources",
+    "KafkaSource": "onceflow.jobs.declare.sources",
     "Pipeline": "onceflow.jobs.declare.declaration",
     "PubSubSource": "onceflow.jobs.declare.sources",
     "WindowedOutput": "onceflow.jobs.declare.declaration",
@@ -48,6 +49,7 @@ __all__ = [
     "DeclarationError",
     "FileSink",
     "FileSource",
+    "KafkaSource",
     "OnceflowPipelines",
     "Pipeline",
     "PubSubSource",

@@ -6,6 +6,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
+import dagster as dg
 import pytest
 from pyspark.sql import types as T
 
@@ -14,6 +15,7 @@ from onceflow import (
     DeclarationError,
     FileSink,
     FileSource,
+    KafkaSource,
     Pipeline,
     PubSubSource,
     WindowedOutput,
@@ -81,6 +83,22 @@ def orders(**changes) -> Pipeline:
         ({"output": {"sinks": [BigQuerySink(table="bad-name")]}}, "sinks[0].table: 'bad-name' is not a BigQuery name"),
         ({"source": PubSubSource(topic="t", subscription="orders-sub")}, "source.topic: 't' is not a Pub/Sub name"),
         ({"source": FileSource(directory="/in", timestamp_field="t s")}, "source.timestamp_field: 't s'"),
+        ({"source": KafkaSource(bootstrap_servers="nohost", topic="orders")},
+         "pipeline 'orders': source.bootstrap_servers: 'nohost': give host:port"),
+        ({"source": KafkaSource(bootstrap_servers=["b1:9092", "b 2:9092"], topic="orders")},
+         "source.bootstrap_servers"),
+        ({"source": KafkaSource(bootstrap_servers="b:9092", topic="or ders")}, "source.topic: 'or ders' is not a Kafka"),
+        ({"source": KafkaSource(bootstrap_servers="b:9092", topic="o", id_header="id", id_field="id")},
+         "source.id_header: declare id_header or id_field, not both"),
+        ({"source": KafkaSource(bootstrap_servers="b:9092", topic="o", starting_offsets="now")},
+         "source.starting_offsets: 'now': use 'earliest' or 'latest'"),
+        ({"source": KafkaSource(bootstrap_servers="b:9092", topic="o", on_lost_records="skip")},
+         "source.on_lost_records: 'skip'"),
+        ({"source": KafkaSource(bootstrap_servers="b:9092", topic="o", options={"group.id": "mine"})},
+         "source.options['group.id']: onceflow sets 'group.id' itself"),
+        ({"source": KafkaSource(bootstrap_servers="b:9092", topic="o", max_records=0)}, "source.max_records: 0 must"),
+        ({"source": KafkaSource(bootstrap_servers="b:9092", topic="o"), "schema": "kafka_key STRING"},
+         "schema: field 'kafka_key' is a column onceflow adds itself"),
     ],
 )
 def test_a_declaration_mistake_names_the_pipeline_and_the_field(changes: dict, message: str) -> None:
@@ -197,3 +215,11 @@ def test_pipelines_module_errors_name_the_variable(monkeypatch: pytest.MonkeyPat
             load_pipelines(load_settings())
     sys.modules.pop("no_list", None)
     sys.modules.pop("twice", None)
+
+
+def test_kafka_secrets_come_from_the_environment_and_are_never_shown(monkeypatch: pytest.MonkeyPatch) -> None:
+    source = KafkaSource(bootstrap_servers="b:9092", topic="o",
+                         options={"security.protocol": "SASL_SSL", "sasl.password": dg.EnvVar("KAFKA_SECRET")})
+    monkeypatch.setenv("KAFKA_SECRET", "s3cret")
+    assert source.consumer_options() == {"security.protocol": "SASL_SSL", "sasl.password": "s3cret"}
+    assert "s3cret" not in repr(orders(source=source))

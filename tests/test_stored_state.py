@@ -17,7 +17,6 @@ import pytest
 from deltalake import CommitProperties, Transaction, write_deltalake
 
 from onceflow.jobs.declare.declaration import FileSink, FileSource, Pipeline, WindowedOutput
-from onceflow.jobs.ingest.micro_batch import plan_of
 from onceflow.jobs.publish.commit_records import FAILED, PENDING, Attempt, SequenceRecord
 from onceflow.jobs.publish.commit_store import CommitStore
 from onceflow.jobs.sources.checkpoint import BatchPlan, CheckpointStore, EpochStore
@@ -156,7 +155,7 @@ def test_a_plan_carried_by_a_delta_commit_in_the_previous_format_loads(tmp_path:
     source = open_source(files_pipeline(tmp_path / "in"), lake)
     commit_with_plan(source, 5, PLAN_V0)
     assert source.checkpoints.get_plan(5) is None  # the checkpoints lost it: only the lake has it
-    assert plan_of(source, 5) == BatchPlan(
+    assert source.plans.plan_of(5) == BatchPlan(
         batch_id=5, kind="files", horizon_floor_ms=None, planned_at_ms=T + 100_000,
         files=(FileEntry(path="b.jsonl", size=64, sha256=SHA_B),),
     )
@@ -166,7 +165,7 @@ def test_a_plan_carried_by_a_delta_commit_in_the_previous_format_loads(tmp_path:
              f"{source.dead_letter_path}")
     with pytest.raises(UnknownStateVersion, match=rf"^{re.escape(where)}: BatchPlan format version 7 is unknown "
                                                   r"\(this onceflow reads versions up to 1\)"):
-        plan_of(source, 6)
+        source.plans.plan_of(6)
 
 
 def future(document: bytes) -> bytes:

@@ -25,6 +25,7 @@ from onceflow.jobs.declare.schema import SchemaError, parse_schema
 from onceflow.jobs.declare.sources import (
     IDENTIFIER,
     FileSource,
+    KafkaSource,
     PubSubSource,
     Source,
     check_source,
@@ -171,16 +172,18 @@ def _check_pipeline(p: Pipeline) -> None:
 
     if not isinstance(p.name, str) or not _NAME.match(p.name):
         raise DeclarationError(f"pipeline {p.name!r}: name: use lowercase letters, digits and '_', starting with a letter")
-    if not isinstance(p.source, PubSubSource | FileSource):
-        fail("source", f"{type(p.source).__name__} is not a source: use PubSubSource or FileSource")
+    if not isinstance(p.source, PubSubSource | FileSource | KafkaSource):
+        fail("source", f"{type(p.source).__name__} is not a source: use FileSource, PubSubSource or KafkaSource")
     check_source(p.source, fail)
     try:
         fields = p.record_schema
     except SchemaError as error:
         fail("schema", str(error))
+    # A source may keep more of a record than the common columns (Kafka: its key and headers).
+    reserved = (*RAW_BOOKKEEPING, *p.source.bookkeeping.names)
     for f in fields:
-        if f.name.lower() in RAW_BOOKKEEPING:
-            fail("schema", f"field {f.name!r} is a column onceflow adds itself ({', '.join(RAW_BOOKKEEPING)})")
+        if f.name.lower() in reserved:
+            fail("schema", f"field {f.name!r} is a column onceflow adds itself ({', '.join(reserved)})")
     if p.delivery not in DELIVERY_MODES:
         fail("delivery", f"{p.delivery!r} is not a delivery mode: use {' or '.join(map(repr, DELIVERY_MODES))}")
     for name in ("dedup_horizon", "max_clock_skew", "retention", "watermark_band", "watermark_idle"):

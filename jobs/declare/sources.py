@@ -1,12 +1,14 @@
-"""The sources a pipeline declares (`FileSource`, `PubSubSource`), and their checks, made when a `Pipeline` is
-constructed. `IDENTIFIER` and `checked_duration` are shared with the rest of the declaration."""
+"""The sources a pipeline declares (`FileSource`, `PubSubSource`, `KafkaSource`), and their checks, made when a
+`Pipeline` is constructed. `IDENTIFIER` and `checked_duration` are shared with the rest of the declaration."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import ClassVar
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from pyspark.sql import types as T
 
 from onceflow.jobs.declare.durations import parse_duration
 
@@ -32,6 +34,7 @@ class PubSubSource:
     """
 
     kind: ClassVar[str] = "pubsub"
+    bookkeeping: ClassVar[T.StructType] = T.StructType()
     topic: str
     subscription: str
     id_attribute: str | None = None
@@ -58,6 +61,7 @@ class FileSource:
     """
 
     kind: ClassVar[str] = "files"
+    bookkeeping: ClassVar[T.StructType] = T.StructType()
     directory: str
     timestamp_field: str
     pattern: str = "*.jsonl"
@@ -67,7 +71,62 @@ class FileSource:
     max_bytes: int = 256 * 1024 * 1024
 
 
-Source = PubSubSource | FileSource
+_KAFKA_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+LOST_RECORDS = ("fail", "dead_letter")
+KAFKA_OWNED_OPTIONS = frozenset({
+    "bootstrap.servers", "group.id", "enable.auto.commit", "auto.offset.reset", "key.deserializer",
+    "value.deserializer", "enable.partition.eof",
+})
+"""Consumer settings onceflow sets itself: a batch's offsets come from its plan, never from the consumer."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class KafkaSource:
+    """A Kafka topic; every record sits at a fixed `(topic, partition, offset)`, so no landing copy is needed.
+
+    A batch is, per partition, an offset range `[from, until)` fixed before it is read, ending at most at the
+    partition's last stable offset, and read with `read_committed` isolation: records of aborted transactions
+    never enter raw and an open transaction never changes what a batch holds. The ID is the record header
+    `id_header` (UTF-8) or the JSON field `id_field`, else the position `<topic>/<partition>:<offset>`; the event
+    time the field `timestamp_field`, else the Kafka record timestamp. A new pipeline (or a new epoch after a
+    reset) starts at `starting_offsets`; a partition added later is read from its first offset. A batch holds at
+    most `max_records` records over all partitions. Records the topic's retention deleted before they were read
+    stop the source with an error (`on_lost_records="fail"`), or become one dead-letter row per lost range
+    (`"dead_letter"`, reason `lost_in_source`). `options` are Kafka consumer settings (`security.protocol`, ...);
+    a secret is given as `dg.EnvVar("NAME")` and read from the environment when a client is made.
+    """
+
+    kind: ClassVar[str] = "kafka"
+    # Kept in raw beside the common columns, exactly as Kafka has them (a header may repeat; values are bytes).
+    bookkeeping: ClassVar[T.StructType] = T.StructType([
+        T.StructField("kafka_key", T.BinaryType()),
+        T.StructField("kafka_headers", T.ArrayType(T.StructType([
+            T.StructField("key", T.StringType()), T.StructField("value", T.BinaryType())]))),
+    ])
+    bootstrap_servers: str | Sequence[str]
+    topic: str
+    id_header: str | None = None
+    id_field: str | None = None
+    timestamp_field: str | None = None
+    out_of_orderness: str = "30s"
+    starting_offsets: str = "earliest"
+    max_records: int | None = None
+    on_lost_records: str = "fail"
+    options: Mapping[str, Any] = field(default_factory=dict, hash=False, repr=False)
+
+    @property
+    def servers(self) -> str:
+        """`bootstrap_servers` as Kafka's comma-separated setting."""
+        servers = self.bootstrap_servers
+        return servers if isinstance(servers, str) else ",".join(servers)
+
+    def consumer_options(self) -> dict[str, str]:
+        """`options` with every `dg.EnvVar` (anything with `get_value`) read from the environment now."""
+        return {key: str(value.get_value() if hasattr(value, "get_value") else value)
+                for key, value in self.options.items()}
+
+
+Source = PubSubSource | FileSource | KafkaSource
 
 
 def checked_duration(value: object, where: str, fail: Callable[[str, str], None]) -> int:
@@ -91,6 +150,8 @@ def check_source(source: Source, fail: Callable[[str, str], None]) -> None:
             fail("source.ack_deadline_s", f"{source.ack_deadline_s} is outside 1..600 seconds")
         if source.pull_streams is not None and not 1 <= source.pull_streams <= 64:
             fail("source.pull_streams", f"{source.pull_streams} is outside 1..64")
+    elif isinstance(source, KafkaSource):
+        _check_kafka(source, fail)
     else:
         for name in ("timestamp_field", "id_field"):
             value = getattr(source, name)
@@ -100,7 +161,35 @@ def check_source(source: Source, fail: Callable[[str, str], None]) -> None:
             fail("source.pattern", f"{source.pattern!r}: compressed files are not read (a record's position is its "
                  "byte offset in the file, and files are counted by their lines): decompress them into the directory")
         checked_duration(source.out_of_orderness, "source.out_of_orderness", fail)
-    for name in ("max_messages", "max_files", "max_seconds", "max_bytes"):
+    for name in ("max_messages", "max_files", "max_seconds", "max_bytes", "max_records"):
         value = getattr(source, name, None)
         if value is not None and not value > 0:
             fail(f"source.{name}", f"{value!r} must be positive")
+
+
+def _check_kafka(source: KafkaSource, fail: Callable[[str, str], None]) -> None:
+    servers = [source.bootstrap_servers] if isinstance(source.bootstrap_servers, str) else source.bootstrap_servers
+    if not servers or not all(isinstance(s, str) and re.match(r"^[^\s,]+:[0-9]{1,5}$", s.strip()) for s in
+                              ",".join(servers).split(",")):
+        fail("source.bootstrap_servers", f"{source.bootstrap_servers!r}: give host:port, or a list of them")
+    if not isinstance(source.topic, str) or not _KAFKA_TOPIC.match(source.topic):
+        fail("source.topic", f"{source.topic!r} is not a Kafka topic name (1-249 of letters, digits, '.', '_', '-')")
+    if source.id_header is not None and source.id_field is not None:
+        fail("source.id_header", "declare id_header or id_field, not both")
+    if source.id_header is not None and (not isinstance(source.id_header, str) or not source.id_header):
+        fail("source.id_header", f"{source.id_header!r} is not a header name")
+    for name in ("timestamp_field", "id_field"):
+        value = getattr(source, name)
+        if value is not None and (not isinstance(value, str) or not IDENTIFIER.match(value)):
+            fail(f"source.{name}", f"{value!r}: use letters, digits and '_'")
+    if source.starting_offsets not in ("earliest", "latest"):
+        fail("source.starting_offsets", f"{source.starting_offsets!r}: use 'earliest' or 'latest'")
+    if source.on_lost_records not in LOST_RECORDS:
+        fail("source.on_lost_records", f"{source.on_lost_records!r}: use 'fail' or 'dead_letter'")
+    if not isinstance(source.options, Mapping):
+        fail("source.options", "a mapping of Kafka consumer settings to values")
+    for key in source.options:
+        if not isinstance(key, str) or key in KAFKA_OWNED_OPTIONS:
+            fail(f"source.options[{key!r}]", f"onceflow sets {key!r} itself (a batch's offsets come from its plan)"
+                 if key in KAFKA_OWNED_OPTIONS else "setting names are strings")
+    checked_duration(source.out_of_orderness, "source.out_of_orderness", fail)

@@ -30,18 +30,20 @@ def bucket_of(column: str) -> str:
     return f"CAST(floor(unix_millis({column}) / {BUCKET_MS}) AS BIGINT)"
 
 
-def raw_schema(record_schema: T.StructType) -> T.StructType:
-    """The raw table's columns: `record_id`, `event_time`, the record schema's fields, then onceflow's bookkeeping."""
+def raw_schema(pipeline: Pipeline) -> T.StructType:
+    """The raw table's columns: `record_id`, `event_time`, the record schema's fields, onceflow's bookkeeping, then
+    what the source keeps of a record besides (Kafka: its key and headers)."""
     return T.StructType([
         *parse_schema("record_id STRING NOT NULL, event_time TIMESTAMP NOT NULL").fields,
-        *record_schema.fields,
+        *pipeline.record_schema.fields,
         *parse_schema("payload STRING, source_position STRING, publish_time TIMESTAMP, batch_id BIGINT, "
                       "ingested_at TIMESTAMP, time_bucket BIGINT NOT NULL").fields,
+        *pipeline.source.bookkeeping.fields,
     ])
 
 
 def ensure_raw_table(raw_path: str, pipeline: Pipeline) -> None:
-    create_table_once(raw_path, raw_schema(pipeline.record_schema),
+    create_table_once(raw_path, raw_schema(pipeline),
                       table_properties(pipeline.retention_s, RAW_STATS_COLUMNS), partitioned_by=("time_bucket",))
     # A table made for an earlier declaration gains its new nullable fields; any other change is refused.
-    evolve_raw_table(pipeline, raw_path, raw_schema(pipeline.record_schema))
+    evolve_raw_table(pipeline, raw_path, raw_schema(pipeline))

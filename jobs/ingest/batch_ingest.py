@@ -44,10 +44,11 @@ from onceflow.jobs.ingest.batch_commit import Written, append_new, commit_once, 
 from onceflow.jobs.ingest.result import IngestResult
 from onceflow.jobs.ingest.validation import classify
 from onceflow.jobs.sources.checkpoint import BatchPlan
+from onceflow.jobs.sources.committed_plans import PLAN_KEY
+from onceflow.jobs.sources.landing import STREAM_STRIDE
 from onceflow.jobs.sources.reader import SourceRuntime
 from onceflow.resources.faults import crash_point
 
-PLAN_KEY = "onceflow_plan"
 EVENT_TIMES_KEY = "onceflow_event_times"
 
 
@@ -100,7 +101,8 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
         crash_point("ingest.after_dead_letters")
         valid = classified.filter("reason IS NULL").selectExpr(
             "record_id", "event_time", *(quoted(f.name) for f in contract.schema), "payload", "source_position",
-            "publish_time", "batch_id", ingested_at, "time_bucket", "ordinal",
+            "publish_time", "batch_id", ingested_at, "time_bucket",
+            *(quoted(f.name) for f in pipeline.source.bookkeeping), "ordinal",
         )
         valid_count = result.received - result.dead_lettered_total
         if pipeline.delivery == "at_least_once":
@@ -196,6 +198,10 @@ def _summarize(slim: pa.Table, result: IngestResult) -> None:
     result.received = slim.num_rows
     for entry in pc.value_counts(slim["reason"].drop_null()).to_pylist():
         result.dead_lettered[entry["values"]] = entry["counts"]
-    times = slim.filter(pc.is_null(slim["reason"]))["t"]
+    valid = slim.filter(pc.is_null(slim["reason"]))
+    times = valid["t"]
     if len(times):
         result.min_event_time_ms, result.max_event_time_ms = pc.min(times).as_py(), pc.max(times).as_py()
+        streams = pa.table({"stream": pc.divide(valid["ordinal"], STREAM_STRIDE), "t": times})
+        result.stream_max_event_ms = {row["stream"]: row["t_max"] for row in
+                                      streams.group_by("stream").aggregate([("t", "max")]).to_pylist()}

@@ -15,12 +15,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
 
 from onceflow.jobs.delta.commit_log import committed_batch, committed_metadata
-from onceflow.jobs.ingest.batch_ingest import EVENT_TIMES_KEY, PLAN_KEY, ingest_batch
+from onceflow.jobs.ingest.batch_ingest import EVENT_TIMES_KEY, ingest_batch
 from onceflow.jobs.ingest.result import IngestResult
 from onceflow.jobs.sources.checkpoint import BatchPlan, SourceCheckpoint
 from onceflow.jobs.sources.reader import SourceReader, SourceRuntime, source_watermark_ms
@@ -80,7 +80,7 @@ def pending_batch(source: SourceRuntime, lake: int) -> None:
         return
     if source.checkpoints.get_plan(pending) is not None:
         return
-    plan = _plan_in(source, committed_metadata(source.dead_letter_path, source.app_id, [pending]).get(pending, {}))
+    plan = source.plans.plan_in(committed_metadata(source.dead_letter_path, source.app_id, [pending]).get(pending, {}))
     if plan is not None:
         source.checkpoints.plan(plan)
 
@@ -107,7 +107,7 @@ def align_with_lake(source: SourceRuntime) -> tuple[SourceCheckpoint, int | None
         f"batch {lake + 1}; nothing committed is lost or written twice (`onceflow reset {source.pipeline.name}` "
         "starts a new epoch deliberately)"
     )
-    carried = committed_metadatas(source, range(next_batch, lake + 1))
+    carried = source.plans.metadatas(range(next_batch, lake + 1))
 
     def realign(c: SourceCheckpoint) -> SourceCheckpoint:
         # The batches it skips are committed: their messages leave the source's backlog as if each had advanced
@@ -118,7 +118,7 @@ def align_with_lake(source: SourceRuntime) -> tuple[SourceCheckpoint, int | None
             times = metadata.get(EVENT_TIMES_KEY)
             if times is not None:
                 with_event_times(c, batch, *times)
-            plan = source.checkpoints.get_plan(batch) or _plan_in(source, metadata)
+            plan = source.checkpoints.get_plan(batch) or source.plans.plan_in(metadata)
             if plan is None:
                 continue
             c.taken_files.update({f.path: f for f in plan.files})
@@ -133,36 +133,13 @@ def align_with_lake(source: SourceRuntime) -> tuple[SourceCheckpoint, int | None
     return source.checkpoints.update(realign), checkpoint.committed_batch
 
 
-def committed_metadatas(source: SourceRuntime, batches: range) -> dict[int, dict]:
-    """What the commits of `batches` carried, by batch, from the raw and dead-letter tables' logs."""
-    found: dict[int, dict] = {}
-    for path in (source.raw_path, source.dead_letter_path):
-        found = committed_metadata(path, source.app_id, [b for b in batches if b not in found]) | found
-    return found
-
-
-def plan_of(source: SourceRuntime, batch: int) -> BatchPlan | None:
-    """A committed batch's plan: from the checkpoints, else as its commit carried it (what is left when the
-    checkpoints were restored from an old copy); None when neither holds it."""
-    plan = source.checkpoints.get_plan(batch)
-    return plan or _plan_in(source, committed_metadatas(source, range(batch, batch + 1)).get(batch, {}))
-
-
-def _plan_in(source: SourceRuntime, metadata: dict) -> BatchPlan | None:
-    """The plan a batch's Delta commit carried (read like a stored one: an older format is upgraded)."""
-    if PLAN_KEY not in metadata:
-        return None
-    where = (f"the Delta commit of {source.app_id} batch {metadata.get('onceflow_batch')} (userMetadata {PLAN_KEY}) "
-             f"in {source.raw_path} or {source.dead_letter_path}")
-    return BatchPlan.load(metadata[PLAN_KEY], where)
-
-
 @dataclass(frozen=True)
 class _Realigned:
     """What the watermark learns from a batch found committed in the lake: the newest event time its commit
     carried (None from a commit made before commits carried it)."""
 
     max_event_time_ms: int | None
+    stream_max_event_ms: dict[int, int] = field(default_factory=dict)
 
 
 def horizon_floor_ms(delivery: str, dedup_horizon_s: int, checkpoint: SourceCheckpoint) -> int | None:

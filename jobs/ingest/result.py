@@ -31,6 +31,7 @@ class IngestResult:
     raw_version: int | None = None
     min_event_time_ms: int | None = None
     max_event_time_ms: int | None = None
+    stream_max_event_ms: dict[int, int] = field(default_factory=dict)
 
     @property
     def duplicates(self) -> int:

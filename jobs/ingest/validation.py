@@ -102,6 +102,9 @@ def _stages(contract: RecordContract, with_floor: bool, connect: bool) -> tuple[
     event_time = F.col("event_time")
     checks: list[tuple[Column, str, Column]] = [
         (F.col("_bytes") > limit, "oversized", F.format_string(f"record is %d bytes; the limit is {limit}", "_bytes")),
+        # A landing row without bytes stands for records the source lost before they were read (see landing.py).
+        (F.col("data").isNull(), "lost_in_source",
+         F.format_string("records %s were deleted from the source before onceflow read them", "source_position")),
         (F.col("payload").isNull(), "not_json", F.lit("payload is not valid UTF-8")),
         (F.col("_fields").isNotNull(), "", F.lit(None)),  # the reason and detail `failure` found
         (event_time.isNull() & F.col("_time_raw").isNull(), "missing_event_time", F.lit("no event time")),

@@ -25,7 +25,9 @@ from onceflow.resources.stored import Stored
 class BatchPlan(Stored):
     """What batch `batch_id` of a source consists of, fixed before the batch is read.
 
-    `landing_key` names the immutable landing file of a Pub/Sub batch; `files` lists the files of a file batch.
+    `landing_key` names the immutable landing file of a Pub/Sub batch; `files` lists the files of a file batch;
+    `offsets` the `(partition, from, until)` offset ranges of a Kafka batch, and `lost` the ranges retention had
+    deleted before they could be read (under `on_lost_records="dead_letter"`).
     `horizon_floor_ms` is the dedup horizon for this batch: records older than it cannot be checked for
     duplicates any more and are dead-lettered, identically on every replay.
     """
@@ -36,6 +38,8 @@ class BatchPlan(Stored):
     planned_at_ms: int
     landing_key: str | None = None
     files: tuple[FileEntry, ...] = ()
+    offsets: tuple[tuple[int, int, int], ...] = ()
+    lost: tuple[tuple[int, int, int], ...] = ()
 
 
 class SourceCheckpoint(Stored):

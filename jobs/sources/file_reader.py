@@ -21,12 +21,9 @@ from onceflow.jobs.declare.schema import sql_strings
 from onceflow.jobs.declare.sources import FileSource
 from onceflow.jobs.sources.checkpoint import BatchPlan, CheckpointStore, SourceCheckpoint
 from onceflow.jobs.sources.landed_ids import LandedRow
-from onceflow.jobs.sources.landing import BatchOutcome
+from onceflow.jobs.sources.landing import STREAM_STRIDE, BatchOutcome
 from onceflow.jobs.sources.watermark import FileWatermark, WatermarkEstimator
 from onceflow.resources.files import FileEntry, JsonLinesDirectory
-
-FILE_STRIDE = 1 << 40
-"""Ordinals are `file index * FILE_STRIDE + byte offset`: landing order, for files under a terabyte."""
 
 
 class UnlistedFileError(RuntimeError):
@@ -106,7 +103,7 @@ class FileReader:
         relative = f"element_at({sql_strings(entry.path for entry in plan.files)}, file + 1)"
         # SQL text: each column built in Python costs round trips to the JVM.
         return lines.filter(r"NOT value RLIKE '^[ \\t\\r\\x0B\\f]*$'").selectExpr(
-            f"CAST(file AS BIGINT) * {FILE_STRIDE} + CAST(offset AS BIGINT) AS ordinal",
+            f"CAST(file AS BIGINT) * {STREAM_STRIDE} + CAST(offset AS BIGINT) AS ordinal"  # a stream per file,
             f"concat({relative}, ':', offset) AS source_position",
             "CAST(NULL AS TIMESTAMP) AS publish_time",
             "CAST(NULL AS MAP<STRING, STRING>) AS attributes",

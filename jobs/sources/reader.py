@@ -1,7 +1,7 @@
 """A pipeline's source at run time, as one interface: has it data, what is the next batch, what did a batch
 land, and how does its watermark learn.
 
-`open_source` wires a declared source (`PubSubSource`, `FileSource`) to its reader, its checkpoint store and its
+`open_source` wires a declared source (`PubSubSource`, `FileSource`, `KafkaSource`) to its reader, its checkpoint store and its
 tables under the lake; nothing else in the platform needs to know which kind of source it is.
 
 Every reader lands a batch in one schema (`onceflow.jobs.sources.landing.LANDING_SCHEMA`).
@@ -16,10 +16,12 @@ from typing import Protocol
 from pyspark.sql import DataFrame, SparkSession
 
 from onceflow.jobs.declare.declaration import Pipeline
-from onceflow.jobs.declare.sources import FileSource
+from onceflow.jobs.declare.sources import FileSource, KafkaSource
 from onceflow.jobs.dedup.filter_store import IdFilterStore
 from onceflow.jobs.sources.checkpoint import BatchPlan, CheckpointStore, EpochStore, SourceCheckpoint
+from onceflow.jobs.sources.committed_plans import CommittedPlans
 from onceflow.jobs.sources.file_reader import FileReader
+from onceflow.jobs.sources.kafka_reader import KafkaReader
 from onceflow.jobs.sources.landed_ids import LandedRow
 from onceflow.jobs.sources.landing import BatchOutcome
 from onceflow.jobs.sources.pubsub_reader import PubSubReader
@@ -90,6 +92,7 @@ class SourceRuntime:
     app_id: str
     reader: SourceReader
     checkpoints: CheckpointStore
+    plans: CommittedPlans
     raw_path: str
     dead_letter_path: str
     id_filters: IdFilterStore | None = None
@@ -112,16 +115,19 @@ def open_source(
     epoch = epochs.current(pipeline.name) if epoch is None else epoch
     source_app = app_id(pipeline, epoch)
     checkpoints = CheckpointStore(lake.checkpoints(), source_app, epochs.first_batches(pipeline.name)[epoch])
+    raw, dead = lake.table_path(pipeline.raw_table), lake.table_path(pipeline.dead_letter_table)
+    plans = CommittedPlans(checkpoints, source_app, raw, dead)
     reader: SourceReader
     if isinstance(pipeline.source, FileSource):
         reader = FileReader(pipeline, checkpoints)
+    elif isinstance(pipeline.source, KafkaSource):
+        reader = KafkaReader(pipeline, checkpoints, plans)
     else:
         reader = PubSubReader(pipeline, pubsub, checkpoints, lake.landing())
-    raw, dead = lake.table_path(pipeline.raw_table), lake.table_path(pipeline.dead_letter_table)
     filters = None
     if lake.id_filters and pipeline.delivery == "exactly_once":
         filters = IdFilterStore(lake.filters(), pipeline.raw_table, raw)
-    return SourceRuntime(pipeline, source_app, reader, checkpoints, raw, dead, filters)
+    return SourceRuntime(pipeline, source_app, reader, checkpoints, plans, raw, dead, filters)
 
 
 def source_watermark_ms(checkpoint: SourceCheckpoint) -> int | None:

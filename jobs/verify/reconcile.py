@@ -33,7 +33,6 @@ from pyspark.sql import functions as F
 
 from onceflow.jobs.declare.declaration import WindowedOutput
 from onceflow.jobs.declare.record_contract import RecordContract
-from onceflow.jobs.ingest.micro_batch import plan_of
 from onceflow.jobs.publish.commit_records import DONE
 from onceflow.jobs.publish.commit_store import CommitStore
 from onceflow.jobs.publish.pane_sequence import pane_prefix
@@ -96,7 +95,7 @@ def landed_records(*epochs: SourceRuntime) -> list[LandedRecord]:
     batches = []
     for source in epochs:
         for batch in range(source.checkpoints.first_batch, source.checkpoints.load().committed_batch + 1):
-            plan = plan_of(source, batch)
+            plan = source.plans.plan_of(batch)
             if plan is None:
                 raise RuntimeError(f"{source.app_id}: batch {batch} is committed but neither the checkpoints nor "
                                    "the tables' commits hold its plan")

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from onceflow.jobs.declare.declaration import BigQuerySink, DeclarationError, Pipeline
 from onceflow.jobs.declare.durations import render_duration
-from onceflow.jobs.declare.sources import FileSource, PubSubSource
+from onceflow.jobs.declare.sources import FileSource, KafkaSource, PubSubSource
 from onceflow.orchestration.pipelines.events import events_pipeline
 from onceflow.orchestration.pipelines.orders import orders_pipeline
 from onceflow.resources.settings import Settings, SettingsError
@@ -83,6 +83,8 @@ def resolve(pipeline: Pipeline, settings: Settings) -> Pipeline:
         )
     elif isinstance(source, FileSource):
         source = dataclasses.replace(source, max_files=source.max_files or settings.max_files)
+    elif isinstance(source, KafkaSource):
+        source = dataclasses.replace(source, max_records=source.max_records or settings.max_messages)
     outputs = []
     for index, output in enumerate(pipeline.outputs):
         sinks = []

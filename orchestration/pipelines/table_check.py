@@ -22,7 +22,7 @@ def check_raw_tables(pipelines: list[Pipeline], lake: LakeResource) -> None:
     for pipeline in pipelines:
         path = lake.table_path(pipeline.raw_table)
         try:
-            evolve_raw_table(pipeline, path, raw_schema(pipeline.record_schema))
+            evolve_raw_table(pipeline, path, raw_schema(pipeline))
         except DeclarationError:
             raise
         except Exception as error:  # the lake, not the declaration: the run checks again before its first batch

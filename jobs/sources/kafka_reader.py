@@ -1,0 +1,233 @@
+"""The reader of a `KafkaSource`: a batch is a set of offset ranges fixed before they are read, read again as they
+were on every replay. No landing copy: the log keeps every record at its offset.
+
+The next plan starts, per partition, where the last committed batch's plan ended (read from the checkpoints, else
+from the batch's own Delta commit), never from a consumer group; it ends at most at the partition's last stable
+offset, so every transaction inside it is decided and `read_committed` reads the same records at any time. A
+partition the last plan did not know is read from offset 0. Records the topic's retention deleted before they were
+planned are an error naming them, or (under `on_lost_records="dead_letter"`) one dead-letter row per lost range.
+After a commit the consumer group `onceflow-<pipeline>` gets the committed ends, for users' lag tools only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from functools import cached_property
+
+from pyspark.sql import DataFrame, SparkSession
+
+from onceflow.jobs.declare.declaration import Pipeline
+from onceflow.jobs.declare.durations import parse_duration
+from onceflow.jobs.declare.sources import KafkaSource
+from onceflow.jobs.sources.checkpoint import BatchPlan, CheckpointStore, SourceCheckpoint
+from onceflow.jobs.sources.committed_plans import CommittedPlans
+from onceflow.jobs.sources.kafka_watermark import KafkaWatermark
+from onceflow.jobs.sources.landed_ids import LandedRow
+from onceflow.jobs.sources.landing import STREAM_STRIDE, BatchOutcome
+from onceflow.resources.kafka import KafkaClient, KafkaRecord
+
+log = logging.getLogger("onceflow")
+Ranges = tuple[tuple[int, int, int], ...]
+
+
+class KafkaRecordsLost(RuntimeError):
+    """Records the source must read were deleted from the topic (by its retention) first."""
+
+
+class KafkaPositionUnknown(RuntimeError):
+    """Neither the checkpoints nor the lake hold the plan of the source's last committed batch."""
+
+
+class KafkaReader:
+    """See the module docstring; `pipeline.source` is a settings-resolved `KafkaSource`."""
+
+    def __init__(self, pipeline: Pipeline, checkpoints: CheckpointStore, plans: CommittedPlans) -> None:
+        source = pipeline.source
+        if not isinstance(source, KafkaSource) or source.max_records is None:
+            raise TypeError("KafkaReader needs a settings-resolved KafkaSource")
+        self.pipeline, self.source, self.checkpoints, self.plans = pipeline, source, checkpoints, plans
+        self._counts: dict[int, int] = {}
+
+    @cached_property
+    def client(self) -> KafkaClient:
+        return KafkaClient(self.source.servers, self.source.consumer_options())
+
+    def _ends(self, checkpoint: SourceCheckpoint) -> dict[int, int] | None:
+        """Where the last committed batch's plan ended, per partition; None before the epoch's first batch."""
+        last = checkpoint.committed_batch
+        if last < self.checkpoints.first_batch:
+            return None
+        plan = self.plans.plan_of(last)
+        if plan is None:
+            raise KafkaPositionUnknown(f"{self.checkpoints.source_id}: no plan of committed batch {last} in the "
+                                       "checkpoints or the lake, so the next offsets are unknown")
+        return {p: until for p, _, until in (*plan.lost, *plan.offsets)}
+
+    def _next_ranges(self, checkpoint: SourceCheckpoint) -> tuple[Ranges, Ranges] | None:
+        """The next batch's `(offsets, lost)`; None when no partition has anything new."""
+        topic, ends = self.source.topic, self._ends(checkpoint)
+        partitions = self.client.partitions(topic)
+        earliest = self.client.offsets(topic, partitions, "earliest")
+        stable = self.client.offsets(topic, partitions, "latest")
+        if ends is None:
+            starts = earliest if self.source.starting_offsets == "earliest" else stable
+        else:
+            starts = {p: ends.get(p, 0) for p in partitions}  # a partition added since: from its first offset
+        lost = tuple((p, starts[p], earliest[p]) for p in partitions if starts[p] < earliest[p])
+        if lost and self.source.on_lost_records == "fail":
+            raise KafkaRecordsLost(_lost_message(topic, lost))
+        budget = self.source.max_records or 0
+        offsets = []
+        for index, p in enumerate(partitions):  # the budget shared out evenly over partitions with records
+            start = max(starts[p], earliest[p])
+            share = -(-budget // (len(partitions) - index))
+            until = max(start, min(stable[p], start + share))
+            budget -= until - start
+            offsets.append((p, start, until))
+        if ends is not None and not lost and all(until == start for _, start, until in offsets):
+            return None  # a first batch is planned even when empty: it fixes where the source starts
+        return tuple(offsets), lost
+
+    def has_data(self, checkpoint: SourceCheckpoint) -> bool:
+        ends = self._ends(checkpoint)
+        partitions = self.client.partitions(self.source.topic)
+        stable = self.client.offsets(self.source.topic, partitions, "latest")
+        return ends is None or any(stable[p] > ends.get(p, 0) for p in partitions)
+
+    def next_plan(self, checkpoint: SourceCheckpoint, horizon_floor_ms: int | None) -> BatchPlan | None:
+        plan = self.checkpoints.get_plan(checkpoint.next_batch)
+        if plan is not None:
+            return plan
+        ranges = self._next_ranges(checkpoint)
+        if ranges is None:
+            return None
+        offsets, lost = ranges
+        if lost:
+            log.warning(f"{self.checkpoints.source_id}: {_lost_message(self.source.topic, lost)}; they become "
+                        "dead letters (on_lost_records='dead_letter')")
+        return self.checkpoints.plan(BatchPlan(
+            batch_id=checkpoint.next_batch, kind="kafka", horizon_floor_ms=horizon_floor_ms,
+            planned_at_ms=int(time.time() * 1000), offsets=offsets, lost=lost,
+        ))
+
+    def landed(self, spark: SparkSession, plan: BatchPlan) -> DataFrame:
+        self._check_still_held(plan)
+        topic, read = self.source.topic, [(p, start, until) for p, start, until in plan.offsets if until > start]
+        ordinal = "CASE partition " + " ".join(
+            f"WHEN {p} THEN {index * STREAM_STRIDE - start}L + offset" for index, (p, start, _) in enumerate(read)
+        ) + " END" if read else "offset"
+        position = f"concat('{topic}/', partition, ':', offset)"
+        # A header named twice: its first value is the attribute (a Spark map cannot hold one key twice).
+        attributes = ("map_from_entries(transform(filter(transform(kafka_headers, (h, i) -> named_struct('h', h, "
+                      "'i', i)), e -> NOT exists(slice(kafka_headers, 1, e.i), x -> x.key = e.h.key)), "
+                      "e -> struct(e.h.key, CAST(e.h.value AS STRING))))"
+                      if self.source.id_header is not None else "CAST(NULL AS MAP<STRING, STRING>)")
+        columns = [f"{ordinal} AS ordinal", f"{position} AS source_position", "timestamp AS publish_time",
+                   f"{attributes} AS attributes", "coalesce(value, X'') AS data", "key AS kafka_key",
+                   "kafka_headers"]
+        if read:
+            records = (
+                spark.read.format("kafka")
+                .options(**{f"kafka.{key}": value for key, value in self.source.consumer_options().items()})
+                .option("kafka.bootstrap.servers", self.source.servers)
+                .option("kafka.isolation.level", "read_committed")
+                .option("assign", json.dumps({topic: [p for p, _, _ in read]}))
+                .option("startingOffsets", json.dumps({topic: {str(p): start for p, start, _ in read}}))
+                .option("endingOffsets", json.dumps({topic: {str(p): until for p, _, until in read}}))
+                .option("includeHeaders", "true")
+                .load()
+                .selectExpr("*", "coalesce(headers, array()) AS kafka_headers")
+                .selectExpr(*columns)
+            )
+        else:
+            records = spark.sql("SELECT CAST(NULL AS BIGINT) AS partition, CAST(NULL AS BIGINT) AS offset, "
+                                "CAST(NULL AS TIMESTAMP) AS timestamp, CAST(NULL AS BINARY) AS value, "
+                                "CAST(NULL AS BINARY) AS key, CAST(array() AS ARRAY<STRUCT<key: STRING, "
+                                "value: BINARY>>) AS kafka_headers WHERE false").selectExpr(*columns)
+        if not plan.lost:
+            return records
+        markers = ", ".join(f"({len(read) * STREAM_STRIDE + i}L, '{topic}/{p}:{start}-{until - 1}')"
+                            for i, (p, start, until) in enumerate(plan.lost))
+        # One row per lost range, without bytes: validation makes it a `lost_in_source` dead letter.
+        return records.unionByName(spark.sql(
+            f"SELECT ordinal, source_position, CAST(NULL AS TIMESTAMP) AS publish_time, CAST(NULL AS MAP<STRING, "
+            "STRING>) AS attributes, CAST(NULL AS BINARY) AS data, CAST(NULL AS BINARY) AS kafka_key, "
+            "CAST(array() AS ARRAY<STRUCT<key: STRING, value: BINARY>>) AS kafka_headers "
+            f"FROM VALUES {markers} AS lost(ordinal, source_position)"
+        ))
+
+    def _check_still_held(self, plan: BatchPlan) -> None:
+        """Records deleted after their batch was planned would make its replays differ: say so, never skip them."""
+        partitions = [p for p, start, until in plan.offsets if until > start]
+        earliest = self.client.offsets(self.source.topic, partitions, "earliest")
+        gone = tuple((p, start, min(until, earliest[p])) for p, start, until in plan.offsets
+                     if p in earliest and start < earliest[p])
+        if gone:
+            raise KafkaRecordsLost(
+                f"{_lost_message(self.source.topic, gone)} after batch {plan.batch_id} was planned: its replays "
+                f"cannot read what it planned. `onceflow reset {self.pipeline.name} --drop-uncommitted` drops the "
+                "batch (its other records are planned again)"
+            )
+
+    def landed_count(self, plan: BatchPlan) -> int:
+        if plan.batch_id not in self._counts:
+            self._counts = {plan.batch_id: sum(1 for _ in self._records(plan)) + len(plan.lost)}
+        return self._counts[plan.batch_id]
+
+    def landed_rows(self, plan: BatchPlan) -> list[LandedRow]:
+        topic = self.source.topic
+        lost = [LandedRow(f"{topic}/{p}:{start}-{until - 1}", None, b"", None) for p, start, until in plan.lost]
+        return [*(_landed_row(topic, record) for record in self._records(plan)), *lost]
+
+    def _records(self, plan: BatchPlan) -> list[KafkaRecord]:
+        return list(self.client.records(self.source.topic, list(plan.offsets)))
+
+    def watermark(self, state: dict) -> KafkaWatermark:
+        return KafkaWatermark(
+            parse_duration(self.source.out_of_orderness) * 1000,
+            idle_timeout_ms=parse_duration(self.pipeline.watermark_idle or "120s") * 1000,
+        ).from_state(state)
+
+    def before_batch(self, now_ms: int) -> None:
+        return None
+
+    def after_commit(self, watermark: KafkaWatermark, plan: BatchPlan, outcome: BatchOutcome, now_ms: int) -> None:
+        read = [p for p, start, until in plan.offsets if until > start]
+        if outcome.stream_max_event_ms:
+            seen = {read[stream]: event_ms for stream, event_ms in outcome.stream_max_event_ms.items()
+                    if stream < len(read)}
+        else:  # a batch found committed in the lake: only its newest event time is known
+            seen = dict.fromkeys(read, outcome.max_event_time_ms)
+        watermark.observe({p: seen.get(p) for p in read}, now_ms)
+        try:
+            self.client.commit_group(f"onceflow-{self.pipeline.name}", self.source.topic,
+                                     {p: until for p, _, until in plan.offsets})
+        except Exception as error:  # lag tools only: the offsets onceflow reads from are in its plans
+            log.warning(f"{self.checkpoints.source_id}: could not record consumer group offsets: {error}")
+
+    def backlog(self, checkpoint: SourceCheckpoint) -> str:
+        ends = self._ends(checkpoint) or {}
+        partitions = self.client.partitions(self.source.topic)
+        stable = self.client.offsets(self.source.topic, partitions, "latest")
+        return ", ".join(f"partition {p} lag {max(0, stable[p] - ends.get(p, 0))}" for p in partitions)
+
+    def ensure(self) -> str:
+        self.client.create_topic(self.source.topic)
+        return f"Kafka topic {self.source.topic}"
+
+
+def _landed_row(topic: str, record: KafkaRecord) -> LandedRow:
+    attributes: dict[str, str] = {}
+    for key, value in record.headers:
+        attributes.setdefault(key, "" if value is None else value.decode("utf-8", "replace"))
+    return LandedRow(f"{topic}/{record.partition}:{record.offset}", attributes, record.value or b"",
+                     record.timestamp_ms)
+
+
+def _lost_message(topic: str, lost: tuple[tuple[int, int, int], ...]) -> str:
+    ranges = ", ".join(f"partition {p} offsets {start}..{until - 1}" for p, start, until in lost)
+    return (f"Kafka topic {topic!r} no longer holds {ranges} (deleted by its retention before onceflow read them); "
+            "declare KafkaSource(on_lost_records='dead_letter') to accept the loss and write each range as a "
+            "dead letter")

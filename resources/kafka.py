@@ -1,0 +1,115 @@
+"""What onceflow asks a Kafka topic outside Spark: its partitions, their offsets, the records of offset ranges (an
+independent reading, for counts and reconciliation), and the consumer group's offsets it reports for lag tools.
+
+Every reading is `read_committed`: records of aborted transactions are skipped and the offsets of transaction
+markers are gaps, exactly as Spark's Kafka source reads the same ranges. The "latest" offset of a partition is its
+last stable offset: nothing below it belongs to a transaction still open.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Literal
+
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+
+TIMEOUT_S = 30.0
+
+
+class KafkaTopicMissing(RuntimeError):
+    """The topic a source names does not exist on the cluster."""
+
+
+@dataclass(frozen=True)
+class KafkaRecord:
+    """One record as the log holds it; `headers` in their order (a key may repeat)."""
+
+    partition: int
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+
+
+class KafkaClient:
+    """A client of the cluster at `servers` with the source's consumer `options` (security settings and such)."""
+
+    def __init__(self, servers: str, options: Mapping[str, str] | None = None) -> None:
+        self.config = {**(options or {}), "bootstrap.servers": servers}
+
+    @cached_property
+    def admin(self) -> AdminClient:
+        return AdminClient(self.config)
+
+    def partitions(self, topic: str) -> list[int]:
+        """The topic's partitions, in order."""
+        metadata = self.admin.list_topics(topic, timeout=TIMEOUT_S).topics.get(topic)
+        if metadata is None or metadata.error is not None:
+            raise KafkaTopicMissing(f"Kafka topic {topic!r} does not exist on {self.config['bootstrap.servers']}")
+        return sorted(metadata.partitions)
+
+    def offsets(self, topic: str, partitions: list[int], which: Literal["earliest", "latest"]) -> dict[int, int]:
+        """Each partition's first offset still held (`earliest`) or its last stable offset (`latest`)."""
+        if not partitions:
+            return {}
+        spec = OffsetSpec.earliest() if which == "earliest" else OffsetSpec.latest()
+        futures = self.admin.list_offsets({TopicPartition(topic, p): spec for p in partitions},
+                                          isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=TIMEOUT_S)
+        return {tp.partition: future.result().offset for tp, future in futures.items()}
+
+    def create_topic(self, topic: str, partitions: int | None = None) -> None:
+        """Create the topic (the broker's default partition count unless given); an existing one is left as is."""
+        future = self.admin.create_topics([NewTopic(topic, num_partitions=partitions or -1)])[topic]
+        try:
+            future.result(timeout=TIMEOUT_S)
+        except KafkaException as error:
+            if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
+
+    def records(self, topic: str, ranges: list[tuple[int, int, int]]) -> Iterator[KafkaRecord]:
+        """The committed records of each `(partition, from, until)` range, partition by partition."""
+        wanted = [(p, start, until) for p, start, until in ranges if until > start]
+        if not wanted:
+            return
+        consumer = Consumer({**self.config, "group.id": "onceflow-reader", "enable.auto.commit": False,
+                             "isolation.level": "read_committed", "enable.partition.eof": True})
+        try:
+            for partition, start, until in wanted:
+                yield from _read_range(consumer, topic, partition, start, until)
+        finally:
+            consumer.close()
+
+    def commit_group(self, group: str, topic: str, ends: Mapping[int, int]) -> None:
+        """Record `ends` as the group's committed offsets: for users' lag tools only, never read back."""
+        consumer = Consumer({**self.config, "group.id": group, "enable.auto.commit": False})
+        try:
+            consumer.commit(offsets=[TopicPartition(topic, p, end) for p, end in ends.items()], asynchronous=False)
+        finally:
+            consumer.close()
+
+
+def _read_range(consumer: Consumer, topic: str, partition: int, start: int, until: int) -> Iterator[KafkaRecord]:
+    tp = TopicPartition(topic, partition, start)
+    consumer.assign([tp])
+    while True:
+        # The position passes aborted records and transaction markers without returning them.
+        if consumer.position([TopicPartition(topic, partition)])[0].offset >= until:
+            return
+        message = consumer.poll(TIMEOUT_S)
+        if message is None:
+            raise TimeoutError(f"Kafka {topic}/{partition}: no record below offset {until} within {TIMEOUT_S}s")
+        error = message.error()
+        if error is not None:
+            if error.code() == KafkaError._PARTITION_EOF:
+                if message.offset() >= until:
+                    return
+                continue
+            raise KafkaException(error)
+        if message.offset() >= until:
+            return
+        yield KafkaRecord(partition, message.offset(), message.timestamp()[1], message.key(), message.value(),
+                          tuple(message.headers() or ()))

@@ -1,0 +1,190 @@
+"""Exactly-once from a Kafka topic on a real KRaft broker: offset ranges fixed before they are read, producer retries
+by header, transactions, partitions added, records lost to retention. Rows read back with delta-rs."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import time
+import uuid
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from confluent_kafka import ConsumerGroupTopicPartitions, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewPartitions
+from pyspark.sql import SparkSession
+
+from onceflow.jobs.ingest.micro_batch import run_micro_batch
+from onceflow.jobs.sources.kafka_reader import KafkaRecordsLost
+from onceflow.jobs.sources.reader import SourceRuntime, open_source
+from onceflow.orchestration.pipelines import resolve
+from onceflow.resources.emulators.kafka import KafkaBroker
+from onceflow.resources.kafka import KafkaClient
+from onceflow.resources.lake import LakeResource
+from onceflow.resources.settings import load_settings
+from tests.delta_reader import read_rows
+from tests.kafka_pipelines import clicks_pipeline
+from tests.pipelines import drain
+
+RAW = ["record_id", "user", "amount", "kafka_key", "source_position"]
+
+
+@pytest.fixture
+def topic(kafka_broker: KafkaBroker, monkeypatch: pytest.MonkeyPatch) -> str:
+    name = f"clicks-{uuid.uuid4().hex[:8]}"
+    KafkaClient(kafka_broker.bootstrap).create_topic(name, partitions=3)
+    monkeypatch.setenv("KAFKA_BOOTSTRAP", kafka_broker.bootstrap)
+    monkeypatch.setenv("KAFKA_TOPIC", name)
+    return name
+
+
+def click(n: int, user: str | None = None) -> dict:
+    ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() - 600 + n)) + ".250Z"
+    return {"user": user or f"u{n % 4}", "amount": f"{n}.25", "page": f"/p/{n}", "ts": ts}
+
+
+def produce(producer: Producer, topic: str, items: list[tuple[int, str, bytes]]) -> None:
+    """`(partition, event id, value)` records, keyed by partition, with the event id header given twice (only its
+    first value counts) and a trace header."""
+    for partition, event_id, value in items:
+        producer.produce(topic, value=value, key=f"k{partition}".encode(), partition=partition,
+                         headers=[("event_id", event_id.encode()), ("trace", b"t"), ("event_id", b"ignored")])
+    producer.flush(30)
+
+
+def clicks_source(home: Path, max_records: int = 1000, **kafka: str) -> SourceRuntime:
+    pipeline = clicks_pipeline()
+    source = dataclasses.replace(pipeline.source, max_records=max_records, **kafka)
+    return open_source(resolve(dataclasses.replace(pipeline, source=source), load_settings()),
+                       LakeResource(home=str(home)))
+
+
+def expected(topic: str, rows: list[tuple[int, str, dict, int]]) -> list[tuple]:
+    return sorted((event_id, body["user"], Decimal(body["amount"]), f"k{partition}".encode(),
+                   f"{topic}/{partition}:{offset}") for partition, event_id, body, offset in rows)
+
+
+@pytest.mark.engine_paths
+def test_three_partitions_with_retries_and_bad_records_land_once(
+    spark: SparkSession, kafka_broker: KafkaBroker, topic: str, home: Path
+) -> None:
+    producer = Producer({"bootstrap.servers": kafka_broker.bootstrap, "enable.idempotence": True})
+    bodies = {f"e{n}": click(n) for n in range(30)}
+    first = [(n % 3, f"e{n}", json.dumps(bodies[f"e{n}"]).encode()) for n in range(30)]
+    # A producer retry after a timeout: the same IDs again at new offsets, and two malformed values.
+    retries = [(n % 3, f"e{n}", json.dumps(bodies[f"e{n}"]).encode()) for n in (1, 4, 7)]
+    produce(producer, topic, first + retries + [(0, "bad-0", b"{not json"), (2, "bad-1", b"[1, 2]")])
+    source = clicks_source(home, max_records=12)
+
+    results = drain(lambda: spark, source)
+
+    plans = [source.checkpoints.get_plan(r.batch_id) for r in results]
+    assert [sum(until - start for _, start, until in plan.offsets) for plan in plans] == [12, 12, 11]
+    assert [(p, s) for p, s, _ in plans[0].offsets] == [(0, 0), (1, 0), (2, 0)]
+    for earlier, later in itertools.pairwise(plans):  # each plan starts where the one before ended
+        assert [s for _, s, _ in later.offsets] == [u for _, _, u in earlier.offsets]
+    offsets: dict[int, int] = {}
+    landed = []
+    for partition, event_id, value in first:
+        landed.append((partition, event_id, json.loads(value), offsets.setdefault(partition, 0)))
+        offsets[partition] += 1
+    assert read_rows(source.raw_path, RAW) == expected(topic, landed)
+    headers = read_rows(source.raw_path, ["record_id", "kafka_headers"])
+    assert headers[0][1] == [{"key": "event_id", "value": headers[0][0].encode()}, {"key": "trace", "value": b"t"},
+                             {"key": "event_id", "value": b"ignored"}]
+    assert read_rows(source.dead_letter_path, ["record_id", "reason"]) == [("bad-0", "not_json"), ("bad-1", "not_json")]
+    assert [r.balances() for r in results] == [True] * 3
+    assert sum(r.inserted for r in results) == 30 and sum(r.duplicates for r in results) == 3
+    assert run_micro_batch(lambda: spark, source) is None  # nothing new: no batch
+    # The consumer group holds the committed ends, for lag tools.
+    admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
+    group = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions("onceflow-clicks")])["onceflow-clicks"]
+    assert sorted((tp.partition, tp.offset) for tp in group.result(30).topic_partitions) == [
+        (p, until) for p, _, until in plans[-1].offsets]
+
+
+@pytest.mark.engine_paths
+def test_aborted_and_open_transactions_never_enter_raw(
+    spark: SparkSession, kafka_broker: KafkaBroker, topic: str, home: Path
+) -> None:
+    def transactional(tx_id: str) -> Producer:
+        producer = Producer({"bootstrap.servers": kafka_broker.bootstrap, "transactional.id": tx_id})
+        producer.init_transactions(30)
+        return producer
+
+    committed, aborted = transactional(f"{topic}-a"), transactional(f"{topic}-b")
+    rows = []
+    for round_ in range(3):  # committed and aborted transactions interleaved on partition 0
+        for producer, kind in ((committed, "ok"), (aborted, "aborted")):
+            producer.begin_transaction()
+            for n in range(2):
+                event_id = f"{kind}-{round_}-{n}"
+                producer.produce(topic, value=json.dumps(click(round_ * 10 + n)).encode(), partition=0,
+                                 headers=[("event_id", event_id.encode())])
+                rows.append(event_id)
+            producer.flush(30)
+            (producer.commit_transaction if kind == "ok" else producer.abort_transaction)(30)
+    # One left open while the batch is planned and read: it must not change what the batch holds.
+    committed.begin_transaction()
+    committed.produce(topic, value=json.dumps(click(99)).encode(), partition=0, headers=[("event_id", b"late-0")])
+    committed.flush(30)
+    source = clicks_source(home)
+
+    first = run_micro_batch(lambda: spark, source)
+
+    assert first is not None and first.inserted == 6 and first.landed == 6 and first.balances()
+    committed.commit_transaction(30)
+    second = run_micro_batch(lambda: spark, source)
+    assert second is not None and second.inserted == 1
+    assert [r[0] for r in read_rows(source.raw_path, ["record_id"])] == sorted(
+        [e for e in rows if e.startswith("ok-")] + ["late-0"])
+    assert read_rows(source.dead_letter_path, ["record_id"]) == []
+
+
+@pytest.mark.engine_paths
+def test_a_partition_added_while_running_is_read_from_its_first_offset(
+    spark: SparkSession, kafka_broker: KafkaBroker, topic: str, home: Path
+) -> None:
+    producer = Producer({"bootstrap.servers": kafka_broker.bootstrap})
+    produce(producer, topic, [(n % 3, f"e{n}", json.dumps(click(n)).encode()) for n in range(6)])
+    source = clicks_source(home)
+    assert len(drain(lambda: spark, source)) == 1
+    admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
+    admin.create_partitions([NewPartitions(topic, 4)])[topic].result(30)
+    time.sleep(1)  # the producer learns of the partition from fresh metadata
+    produce(Producer({"bootstrap.servers": kafka_broker.bootstrap}), topic,
+            [(3, "new-0", json.dumps(click(40)).encode()), (3, "new-1", json.dumps(click(41)).encode())])
+
+    results = drain(lambda: spark, source)
+
+    assert [r.inserted for r in results] == [2]
+    assert source.checkpoints.get_plan(results[0].batch_id).offsets[3] == (3, 0, 2)
+    assert [r for r in read_rows(source.raw_path, ["record_id", "source_position"]) if r[0].startswith("new")] == [
+        ("new-0", f"{topic}/3:0"), ("new-1", f"{topic}/3:1")]
+
+
+@pytest.mark.engine_paths
+@pytest.mark.parametrize("on_lost", ["fail", "dead_letter"])
+def test_records_deleted_by_retention_before_they_are_read_are_never_silent(
+    spark: SparkSession, kafka_broker: KafkaBroker, topic: str, home: Path, on_lost: str
+) -> None:
+    producer = Producer({"bootstrap.servers": kafka_broker.bootstrap})
+    produce(producer, topic, [(0, f"e{n}", json.dumps(click(n)).encode()) for n in range(4)])
+    source = clicks_source(home, on_lost_records=on_lost)
+    assert [r.inserted for r in drain(lambda: spark, source)] == [4]
+    produce(producer, topic, [(0, f"e{n}", json.dumps(click(n)).encode()) for n in range(4, 10)])
+    admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
+    admin.delete_records([TopicPartition(topic, 0, 7)])[TopicPartition(topic, 0, 7)].result(30)
+
+    if on_lost == "fail":
+        with pytest.raises(KafkaRecordsLost, match=r"partition 0 offsets 4\.\.6 .*on_lost_records='dead_letter'"):
+            run_micro_batch(lambda: spark, source)
+        assert source.checkpoints.load().committed_batch == 1
+        return
+    result = run_micro_batch(lambda: spark, source)
+    assert result is not None and result.inserted == 3 and result.balances()
+    assert [r[0] for r in read_rows(source.raw_path, ["record_id"])] == ["e0", "e1", "e2", "e3", "e7", "e8", "e9"]
+    assert read_rows(source.dead_letter_path, ["source_position", "reason"]) == [
+        (f"{topic}/0:4-6", "lost_in_source")]
