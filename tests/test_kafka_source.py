@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import shutil
 import time
 import uuid
 from decimal import Decimal
@@ -26,7 +27,7 @@ from onceflow.resources.lake import LakeResource
 from onceflow.resources.settings import load_settings
 from tests.delta_reader import read_rows
 from tests.kafka_pipelines import clicks_pipeline
-from tests.pipelines import drain
+from tests.pipelines import dagster_micro_batch, drain
 
 RAW = ["record_id", "user", "amount", "kafka_key", "source_position"]
 
@@ -188,3 +189,64 @@ def test_records_deleted_by_retention_before_they_are_read_are_never_silent(
     assert [r[0] for r in read_rows(source.raw_path, ["record_id"])] == ["e0", "e1", "e2", "e3", "e7", "e8", "e9"]
     assert read_rows(source.dead_letter_path, ["source_position", "reason"]) == [
         (f"{topic}/0:4-6", "lost_in_source")]
+
+
+def mixed_records(count: int, prefix: str = "e") -> list[tuple[int, str, bytes]]:
+    """`count` clicks over three partitions, a retry of every fifth, and a malformed value every tenth."""
+    items = []
+    for n in range(count):
+        items.append((n % 3, f"{prefix}{n}", json.dumps(click(n)).encode()))
+        if n % 5 == 4:
+            items.append(((n + 1) % 3, f"{prefix}{n}", json.dumps(click(n)).encode()))
+        if n % 10 == 9:
+            items.append((n % 3, f"{prefix}bad{n}", b'{"user": '))
+    return items
+
+
+def landed_once(source: SourceRuntime, ids: list[str]) -> None:
+    """Raw holds each valid ID exactly once and the dead-letter table each malformed one."""
+    raw = [r[0] for r in read_rows(source.raw_path, ["record_id"])]
+    assert raw == sorted(i for i in set(ids) if "bad" not in i)
+    assert [r[0] for r in read_rows(source.dead_letter_path, ["record_id"])] == sorted(i for i in ids if "bad" in i)
+
+
+@pytest.mark.engine_paths
+@pytest.mark.parametrize("crash_at", ["ingest.after_dead_letters", "ingest.after_merge"])
+def test_a_run_killed_at_each_ingest_crash_point_is_replayed_to_the_same_rows(
+    spark: SparkSession, kafka_broker: KafkaBroker, topic: str, home: Path, crash_at: str
+) -> None:
+    items = mixed_records(20)
+    produce(Producer({"bootstrap.servers": kafka_broker.bootstrap}), topic, items)
+
+    crashed = dagster_micro_batch(str(home), crash_at, pipeline="clicks", pipelines="tests.kafka_pipelines")
+
+    assert f"crash injected at {crash_at}" in crashed.stderr + crashed.stdout, crashed.stderr[-3000:]
+    source = clicks_source(home)
+    results = drain(lambda: spark, source)
+    assert [(r.batch_id, r.replayed) for r in results] == [(1, crash_at == "ingest.after_merge")]
+    landed_once(source, [event_id for _, event_id, _ in items])
+    assert source.checkpoints.load().committed_batch == 1
+
+
+@pytest.mark.engine_paths
+def test_a_checkpoint_restored_from_an_old_copy_changes_no_row(
+    spark: SparkSession, kafka_broker: KafkaBroker, topic: str, home: Path
+) -> None:
+    producer = Producer({"bootstrap.servers": kafka_broker.bootstrap})
+    items = mixed_records(24)
+    produce(producer, topic, items[:12])
+    source = clicks_source(home, max_records=6)
+    assert len(drain(lambda: spark, source)) == 1 + (len(items[:12]) - 1) // 6
+    backup = home / "checkpoints-backup"
+    shutil.copytree(home / "checkpoints", backup)
+    produce(producer, topic, items[12:])
+    drain(lambda: spark, source)
+    shutil.rmtree(home / "checkpoints")
+    shutil.copytree(backup, home / "checkpoints")  # the old copy comes back; the lake is batches ahead of it
+    later = mixed_records(6, prefix="x")
+    produce(producer, topic, later)
+
+    results = drain(lambda: spark, source)
+
+    assert results and results[0].realigned_from is not None
+    landed_once(source, [event_id for _, event_id, _ in items + later])
