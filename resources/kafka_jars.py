@@ -38,17 +38,19 @@ def connector_dependencies(pom: Path) -> list[MavenArtifact]:
     shipped = [jar.name for jar in (Path(pyspark.__file__).parent / "jars").glob("*.jar")]
     needed = []
     for dependency in ElementTree.parse(pom).getroot().iterfind("m:dependencies/m:dependency", POM_NAMESPACE):
-        def field(name: str, default: str = "", dependency: ElementTree.Element = dependency) -> str:
-            return (dependency.findtext(f"m:{name}", default, POM_NAMESPACE) or default).strip()
-
-        if field("scope", "compile") not in ("compile", "runtime") or field("type", "jar") != "jar":
+        scope, packaging = _text(dependency, "scope", "compile"), _text(dependency, "type", "jar")
+        if scope not in ("compile", "runtime") or packaging != "jar" or _text(dependency, "optional") == "true":
             continue
-        if field("optional") == "true" or field("classifier"):
+        if _text(dependency, "classifier"):
             continue
-        artifact = MavenArtifact(field("groupId"), field("artifactId"), field("version"))
+        artifact = MavenArtifact(*(_text(dependency, name) for name in ("groupId", "artifactId", "version")))
         if any(re.fullmatch(rf"{re.escape(artifact.artifact)}-\d.*\.jar", name) for name in shipped):
             continue
         if not re.fullmatch(r"[\w.-]+", artifact.version):
             raise ConnectorPomError(f"{pom.name}: dependency {artifact.artifact} has version {artifact.version!r}")
         needed.append(artifact)
     return needed
+
+
+def _text(element: ElementTree.Element, name: str, default: str = "") -> str:
+    return (element.findtext(f"m:{name}", default, POM_NAMESPACE) or default).strip()
