@@ -14,6 +14,7 @@ $(STAMP): pyproject.toml
 	touch $@
 
 setup: $(STAMP)
+	command -v mvn >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq maven) || echo "no mvn: the tests' Kafka broker cannot be resolved (fails under CI=true)"
 	$(BIN)/onceflow setup
 
 demo: setup

@@ -57,7 +57,8 @@ class Settings(BaseSettings):
     )
     pipelines: str | None = Field(default=None, description="`package.module` whose PIPELINES replace the built-ins.")
     jars_dir: str | None = Field(
-        default=None, description="Jar cache: Delta's and onceflow's functions (default ~/.cache/onceflow/jars)."
+        default=None,
+        description="Jar cache: Delta's, Kafka's and onceflow's functions (default ~/.cache/onceflow/jars).",
     )
     bq_emulator_dir: str | None = Field(default=None, description="The BigQuery emulator's virtualenv cache.")
 

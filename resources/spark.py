@@ -1,7 +1,7 @@
 """The Spark session: local by default, a `spark://` cluster or a Spark Connect server when configured.
 
-Every engine gets Delta's SQL extension and catalog, UTC as its time zone, Delta's jars and onceflow's own
-(`spark.jars`, which Spark ships to the executors), the user's extra jars and Spark settings
+Every engine gets Delta's SQL extension and catalog, UTC as its time zone, Delta's jars, Spark's Kafka connector
+and onceflow's own (`spark.jars`, which Spark ships to the executors), the user's extra jars and Spark settings
 (`ONCEFLOW_SPARK_JARS`, `ONCEFLOW_SPARK_CONF`); a `local` master also gets settings that suit a small machine.
 """
 
@@ -15,6 +15,7 @@ from pyspark.sql import SparkSession
 
 from onceflow.resources.delta_jars import ensure_delta_jars, ensure_gcs_connector_jar
 from onceflow.resources.gcs import hadoop_gcs_conf, spark_gcs_conf
+from onceflow.resources.kafka_jars import ensure_spark_kafka_jars
 from onceflow.resources.settings import load_settings
 from onceflow.resources.spark_functions import ensure_spark_functions_jar
 
@@ -54,8 +55,10 @@ DELTA_CONF = {
 
 def engine_jars(extra: Sequence[str] = ()) -> list[str]:
     """The jars every onceflow Spark engine loads: Delta's, the GCS connector (so any engine can serve a `gs://`
-    home) and onceflow's own functions (cached after set-up), then the user's `extra` ones (paths or URLs)."""
-    return [*map(str, [*ensure_delta_jars(), ensure_gcs_connector_jar(), ensure_spark_functions_jar()]), *extra]
+    home), Spark's Kafka connector (Kafka sources) and onceflow's own functions (cached after set-up), then the
+    user's `extra` ones (paths or URLs)."""
+    jars = [*ensure_delta_jars(), ensure_gcs_connector_jar(), *ensure_spark_kafka_jars(), ensure_spark_functions_jar()]
+    return [*map(str, jars), *extra]
 
 
 def engine_conf(master: str, conf: Mapping[str, str] | None = None) -> dict[str, str]:

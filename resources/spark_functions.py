@@ -22,7 +22,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
-from onceflow.resources.delta_jars import jar_cache_dir
+from onceflow.resources.maven_jars import jar_cache_dir
 
 # Installed or in a checkout, `jobs` sits beside `resources`; each stage keeps its own Java beside its Python.
 SOURCES = Path(__file__).resolve().parent.parent / "jobs"

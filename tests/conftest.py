@@ -1,4 +1,5 @@
-"""Shared fixtures: one Spark session for the whole run, Google's Pub/Sub emulator, a fresh onceflow home.
+"""Shared fixtures: one Spark session for the whole run, Google's Pub/Sub emulator, a Kafka broker, a fresh
+onceflow home.
 
 The engine path a run proves is `ONCEFLOW_TEST_ENGINE`: `connect` (the default: a warm Spark Connect server that
 this process and every process a test starts connect to) or `classic` (this process builds a local classic
@@ -25,7 +26,9 @@ from onceflow.resources.emulators.bigquery import (
     start_bigquery_emulator,
 )
 from onceflow.resources.emulators.gcs import GcsEmulator, start_gcs_emulator
+from onceflow.resources.emulators.kafka import KafkaBroker, start_kafka_broker
 from onceflow.resources.emulators.pubsub import PubSubEmulator, start_pubsub_emulator
+from onceflow.resources.maven_jars import MavenMissingError
 from onceflow.resources.spark import build_spark_session
 from onceflow.resources.spark_cluster import SparkCluster, start_spark_cluster
 from onceflow.resources.spark_connect import SparkConnectServer, start_spark_connect_server
@@ -104,6 +107,22 @@ def pubsub_emulator() -> Iterator[PubSubEmulator]:
     require(shutil.which("gcloud") is not None, "the Google Cloud CLI's Pub/Sub emulator")
     emulator = start_pubsub_emulator()
     yield from running(emulator, "PUBSUB_EMULATOR_HOST", emulator.host)
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+    """A real Apache Kafka broker in KRaft mode on 127.0.0.1 (its jars from Maven Central, cached by `onceflow
+    setup`); tests share it, each on topics of its own."""
+    require(shutil.which("java") is not None, "Java 17")
+    try:
+        broker = start_kafka_broker(tmp_path_factory.mktemp("kafka"))
+    except MavenMissingError as missing:  # its jars are not cached and cannot be resolved here
+        require(False, str(missing))
+        raise
+    try:
+        yield broker
+    finally:
+        broker.stop()
 
 
 @pytest.fixture(scope="session")

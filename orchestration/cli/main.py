@@ -18,6 +18,9 @@ from onceflow.orchestration.cli.engine import add_engine_options, running_engine
 from onceflow.orchestration.cli.reset import add_commands as add_reset_commands
 from onceflow.orchestration.cli.status import add_commands as add_status_commands
 from onceflow.resources.delta_jars import ensure_delta_jars, ensure_gcs_connector_jar
+from onceflow.resources.emulators.kafka import ensure_kafka_broker_libs
+from onceflow.resources.kafka_jars import ensure_spark_kafka_jars
+from onceflow.resources.maven_jars import MavenMissingError
 from onceflow.resources.processes import stop_process_group
 from onceflow.resources.settings import SettingsError, load_settings
 from onceflow.resources.spark_functions import ensure_spark_functions_jar
@@ -27,6 +30,14 @@ def cmd_setup(_: argparse.Namespace) -> int:
     for jar in ensure_delta_jars():
         print(f"delta jar: {jar}")
     print(f"GCS connector (gs:// homes): {ensure_gcs_connector_jar()}")
+    for jar in ensure_spark_kafka_jars():
+        print(f"Spark's Kafka connector: {jar}")
+    # The tests' and the demo's Kafka broker, resolved now so that no test downloads mid-run; a host that only
+    # runs pipelines needs no broker, so a missing Maven is a note here (the tests require it under CI).
+    try:
+        print(f"Kafka broker (tests, demo): {ensure_kafka_broker_libs()}")
+    except MavenMissingError as missing:
+        print(f"Kafka broker (tests, demo): not resolved: {missing}")
     print(f"onceflow's Spark functions: {ensure_spark_functions_jar()}")
     return 0
 
