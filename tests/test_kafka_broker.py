@@ -5,15 +5,18 @@ connector's jars reach both the Spark Connect server and a classic session."""
 from __future__ import annotations
 
 import json
+import socket
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import OffsetSpec
 from pyspark.sql import SparkSession
 
-from onceflow.resources.emulators.kafka import KafkaBroker
+from onceflow.resources.emulators.kafka import KafkaBroker, KafkaBrokerError, start_kafka_broker
+from onceflow.resources.kafka_jars import connector_dependencies, ensure_spark_kafka_jars
 
 Record = tuple[int, int, str, str, list[tuple[str, bytes]]]  # partition, offset, key, value, headers
 
@@ -116,3 +119,32 @@ def test_spark_reads_keys_headers_and_only_committed_transactions_from_the_broke
         record(2, 1, "k2-1", [("event_id", b"e21"), ("source", b"test")])
     ]
     consumer.close()
+
+
+def test_the_connector_brings_the_jars_its_pom_names_that_spark_lacks() -> None:
+    jars = ensure_spark_kafka_jars()
+    pom = jars[0].with_suffix(".pom")
+
+    # kafka-clients and commons-pool2 at the POM's versions; scala-parallel-collections and jsr305, which the POM
+    # also names, are among Spark's own jars and are not fetched twice.
+    assert [(a.group, a.artifact, a.version) for a in connector_dependencies(pom)] == [
+        ("org.apache.spark", "spark-token-provider-kafka-0-10_2.13", "4.2.0"),
+        ("org.apache.kafka", "kafka-clients", "3.9.2"),
+        ("org.apache.commons", "commons-pool2", "2.13.1"),
+    ]
+    assert [jar.name for jar in jars] == [
+        "spark-sql-kafka-0-10_2.13-4.2.0.jar",
+        "spark-token-provider-kafka-0-10_2.13-4.2.0.jar",
+        "kafka-clients-3.9.2.jar",
+        "commons-pool2-2.13.1.jar",
+    ]
+
+
+def test_a_broker_that_cannot_start_fails_with_its_log(kafka_broker: KafkaBroker, tmp_path: Path) -> None:
+    """A second broker (`kafka_broker` stands for its requirements: Java, the jars) on a port in use dies at start."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(KafkaBrokerError, match="the Kafka broker exited") as failure:
+            start_kafka_broker(tmp_path / "second", port=taken.getsockname()[1])
+    assert "Address already in use" in str(failure.value)
