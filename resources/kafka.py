@@ -61,9 +61,11 @@ class KafkaClient:
                                           isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=TIMEOUT_S)
         return {tp.partition: future.result().offset for tp, future in futures.items()}
 
-    def create_topic(self, topic: str, partitions: int | None = None) -> None:
-        """Create the topic (the broker's default partition count unless given); an existing one is left as is."""
-        future = self.admin.create_topics([NewTopic(topic, num_partitions=partitions or -1)])[topic]
+    def create_topic(self, topic: str, partitions: int | None = None, config: Mapping[str, str] | None = None) -> None:
+        """Create the topic (the broker's default partition count unless given, topic `config` such as
+        `retention.ms`); an existing one is left as is."""
+        new = NewTopic(topic, num_partitions=partitions or -1, config=dict(config or {}))
+        future = self.admin.create_topics([new])[topic]
         try:
             future.result(timeout=TIMEOUT_S)
         except KafkaException as error:

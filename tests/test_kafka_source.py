@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import ConsumerGroupTopicPartitions, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewPartitions
+from confluent_kafka.admin import AdminClient
 from pyspark.sql import SparkSession
 
 from onceflow.jobs.ingest.micro_batch import run_micro_batch
@@ -22,7 +22,6 @@ from onceflow.jobs.sources.kafka_reader import KafkaRecordsLost
 from onceflow.jobs.sources.reader import SourceRuntime, open_source
 from onceflow.orchestration.pipelines import resolve
 from onceflow.resources.emulators.kafka import KafkaBroker
-from onceflow.resources.kafka import KafkaClient
 from onceflow.resources.lake import LakeResource
 from onceflow.resources.settings import load_settings
 from tests.delta_reader import read_rows
@@ -35,7 +34,7 @@ RAW = ["record_id", "user", "amount", "kafka_key", "source_position"]
 @pytest.fixture
 def topic(kafka_broker: KafkaBroker, monkeypatch: pytest.MonkeyPatch) -> str:
     name = f"clicks-{uuid.uuid4().hex[:8]}"
-    KafkaClient(kafka_broker.bootstrap).create_topic(name, partitions=3)
+    kafka_broker.create_topic(name, partitions=3)
     monkeypatch.setenv("KAFKA_BOOTSTRAP", kafka_broker.bootstrap)
     monkeypatch.setenv("KAFKA_TOPIC", name)
     return name
@@ -152,9 +151,7 @@ def test_a_partition_added_while_running_is_read_from_its_first_offset(
     produce(producer, topic, [(n % 3, f"e{n}", json.dumps(click(n)).encode()) for n in range(6)])
     source = clicks_source(home)
     assert len(drain(lambda: spark, source)) == 1
-    admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
-    admin.create_partitions([NewPartitions(topic, 4)])[topic].result(30)
-    time.sleep(1)  # the producer learns of the partition from fresh metadata
+    kafka_broker.add_partitions(topic, 4)
     produce(Producer({"bootstrap.servers": kafka_broker.bootstrap}), topic,
             [(3, "new-0", json.dumps(click(40)).encode()), (3, "new-1", json.dumps(click(41)).encode())])
 

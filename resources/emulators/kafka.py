@@ -22,10 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+from confluent_kafka.admin import AdminClient, NewPartitions
 
 from onceflow.resources.delta_jars import SCALA_BINARY
 from onceflow.resources.emulators.pubsub import free_port
+from onceflow.resources.kafka import KafkaClient
 from onceflow.resources.maven_jars import MavenArtifact, ensure_dependencies, jar_cache_dir
 from onceflow.resources.processes import stop_process_group
 
@@ -75,9 +76,7 @@ class KafkaBroker:
     ) -> None:
         """Create `topic` with `partitions` partitions (topic `config` such as `retention.ms`) and wait until every
         partition has a leader."""
-        new = NewTopic(topic, num_partitions=partitions, replication_factor=1, config=dict(config or {}))
-        admin = self.admin()  # held until the result arrives: a collected client abandons its requests
-        admin.create_topics([new])[topic].result(timeout_s)
+        KafkaClient(self.bootstrap).create_topic(topic, partitions, config)
         self._await_partitions(topic, partitions, timeout_s)
 
     def add_partitions(self, topic: str, total: int, timeout_s: float = 30.0) -> None:
