@@ -19,7 +19,7 @@ from onceflow.jobs.declare.declaration import Pipeline
 from onceflow.jobs.ingest.micro_batch import run_micro_batch
 from onceflow.jobs.ingest.result import IngestResult
 from onceflow.jobs.run_worker import record_worker
-from onceflow.jobs.sources.reader import open_source
+from onceflow.jobs.sources.reader import SourceRuntime, open_source
 from onceflow.resources.lake import LakeResource
 from onceflow.resources.pubsub import PubSubResource
 from onceflow.resources.spark import SparkResource
@@ -82,7 +82,7 @@ def build_ingest_job(pipeline: Pipeline, run_s: float = 0.0) -> dg.JobDefinition
         while True:
             result = run_micro_batch(spark.get_session, source)
             if result is not None:
-                _report(context, raw_key, pipeline, result, requested_ms)
+                _report(context, raw_key, source, result, requested_ms)
                 committed += 1
             if time.monotonic() >= until:
                 break
@@ -108,16 +108,19 @@ def _now_ms() -> int:
 
 
 def _report(
-    context: dg.OpExecutionContext, raw_key: dg.AssetKey, pipeline: Pipeline, result: IngestResult,
+    context: dg.OpExecutionContext, raw_key: dg.AssetKey, source: SourceRuntime, result: IngestResult,
     requested_ms: int,
 ) -> None:
     """Check a committed batch balances, say what it did and record it as a materialization."""
     if not result.balances():
         raise RuntimeError(f"batch {result.batch_id} does not balance: {result}")
     context.log.info(
-        f"{pipeline.source_id} batch {result.batch_id}: read {result.received}, inserted {result.inserted}, "
+        f"{source.pipeline.source_id} batch {result.batch_id}: read {result.received}, inserted {result.inserted}, "
         f"duplicates {result.duplicates}, dead-lettered {result.dead_lettered_new}"
         + (" (replayed batch: already committed, nothing written)" if result.replayed else "")
     )
     metadata = {**ingest_metadata(result), "requested_at_ms": requested_ms, "committed_at_ms": _now_ms()}
+    plan = source.plans.plan_of(result.batch_id)
+    if plan is not None:
+        metadata.update({f"lag_{stream}": count for stream, count in source.reader.lag(plan).items()})
     context.log_event(dg.AssetMaterialization(asset_key=raw_key, metadata=metadata))

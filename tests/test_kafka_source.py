@@ -12,17 +12,22 @@ import uuid
 from decimal import Decimal
 from pathlib import Path
 
+import dagster as dg
 import pytest
 from confluent_kafka import ConsumerGroupTopicPartitions, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from pyspark.sql import SparkSession
 
 from onceflow.jobs.ingest.micro_batch import run_micro_batch
+from onceflow.jobs.ingest_job import raw_asset_key
 from onceflow.jobs.sources.kafka_reader import KafkaRecordsLost
 from onceflow.jobs.sources.reader import SourceRuntime, open_source
+from onceflow.orchestration.cli.status import source_lines, verify
 from onceflow.orchestration.pipelines import resolve
+from onceflow.orchestration.sensors.micro_batch import build_micro_batch_sensor
 from onceflow.resources.emulators.kafka import KafkaBroker
 from onceflow.resources.lake import LakeResource
+from onceflow.resources.pubsub import PubSubResource
 from onceflow.resources.settings import load_settings
 from tests.delta_reader import read_rows
 from tests.kafka_pipelines import clicks_pipeline
@@ -247,3 +252,44 @@ def test_a_checkpoint_restored_from_an_old_copy_changes_no_row(
 
     assert results and results[0].realigned_from is not None
     landed_once(source, [event_id for _, event_id, _ in items + later])
+
+
+@pytest.mark.engine_paths
+def test_dagster_asks_for_batches_while_offsets_are_ahead_and_shows_each_partitions_lag(
+    spark: SparkSession, kafka_broker: KafkaBroker, topic: str, home: Path, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    items = mixed_records(12)
+    produce(Producer({"bootstrap.servers": kafka_broker.bootstrap}), topic, items)
+    monkeypatch.setenv("KAFKA_MAX_RECORDS", "6")
+    pipeline = resolve(clicks_pipeline(), load_settings())
+    lake = LakeResource(home=str(home))
+    dagster_home = tmp_path / "dagster"
+    dagster_home.mkdir()
+    with dg.instance_for_test(temp_dir=str(dagster_home)) as instance:
+        resources = {"lake": lake, "pubsub": PubSubResource(project="unused")}
+        context = dg.build_sensor_context(instance=instance, resources=resources)
+        [request] = build_micro_batch_sensor(pipeline, idle_tick_s=15)(context).run_requests
+        assert request.run_key == "clicks:batch:1"
+
+        ran = dagster_micro_batch(str(home), None, pipeline="clicks", dagster_home=str(dagster_home),
+                                  pipelines="tests.kafka_pipelines")
+
+        assert ran.returncode == 0, ran.stderr[-3000:]
+        event = instance.get_latest_materialization_event(raw_asset_key(pipeline))
+        metadata = {k: v.value for k, v in event.asset_materialization.metadata.items()}
+    source = open_source(pipeline, lake)
+    plan = source.checkpoints.get_plan(1)
+    ends = {p: until for p, _, until in plan.offsets}
+    totals = {p: sum(1 for partition, _, _ in items if partition == p) for p in range(3)}
+    assert {k: v for k, v in metadata.items() if k.startswith("lag_")} == {
+        f"lag_partition_{p}": totals[p] - ends[p] for p in range(3)}
+    assert sum(ends.values()) == 6
+    [backlog] = [line for line in source_lines(source) if "backlog" in line]
+    assert backlog.endswith(", ".join(f"partition {p} lag {totals[p] - ends[p]}" for p in range(3)))
+
+    drain(lambda: spark, source)
+
+    assert not source.reader.has_data(source.checkpoints.load())
+    assert verify(spark, [pipeline], lake), capsys.readouterr().out
+    landed_once(source, [event_id for _, event_id, _ in items])

@@ -141,5 +141,8 @@ class FileReader:
         self.directory.directory.mkdir(parents=True, exist_ok=True)
         return f"directory {self.directory.directory}"
 
+    def lag(self, plan: BatchPlan) -> dict[str, int]:
+        return {}
+
     def backlog(self, checkpoint: SourceCheckpoint) -> str:
         return f"{len(self.directory.discover(set(checkpoint.taken_files), 10**9, 2**62))} new files"

@@ -207,11 +207,18 @@ class KafkaReader:
         except Exception as error:  # lag tools only: the offsets onceflow reads from are in its plans
             log.warning(f"{self.checkpoints.source_id}: could not record consumer group offsets: {error}")
 
+    def lag(self, plan: BatchPlan) -> dict[str, int]:
+        lag = self._lag({p: until for p, _, until in (*plan.lost, *plan.offsets)})
+        return {f"partition_{p}": count for p, count in lag.items()}
+
     def backlog(self, checkpoint: SourceCheckpoint) -> str:
-        ends = self._ends(checkpoint) or {}
+        return ", ".join(f"partition {p} lag {count}" for p, count in self._lag(self._ends(checkpoint) or {}).items())
+
+    def _lag(self, ends: dict[int, int]) -> dict[int, int]:
+        """Offsets (records and transaction markers) past `ends` up to each partition's last stable offset."""
         partitions = self.client.partitions(self.source.topic)
         stable = self.client.offsets(self.source.topic, partitions, "latest")
-        return ", ".join(f"partition {p} lag {max(0, stable[p] - ends.get(p, 0))}" for p in partitions)
+        return {p: max(0, stable[p] - ends.get(p, 0)) for p in partitions}
 
     def ensure(self) -> str:
         self.client.create_topic(self.source.topic)

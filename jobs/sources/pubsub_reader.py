@@ -158,6 +158,9 @@ class PubSubReader:
         assert isinstance(watermark, PubSubWatermark)
         watermark.committed(self.landed_messages(plan))
 
+    def lag(self, plan: BatchPlan) -> dict[str, int]:
+        return {}
+
     def backlog(self, checkpoint: SourceCheckpoint) -> str:
         return "messages waiting" if self.client.has_messages(self.source.subscription) else "empty"
 

@@ -70,6 +70,11 @@ class SourceReader(Protocol):
         it changes nothing but the estimator."""
         ...
 
+    def lag(self, plan: BatchPlan) -> dict[str, int]:
+        """What waits in the source past batch `plan`, per stream (Kafka: per partition), for a run's metadata;
+        empty where it cannot be told cheaply."""
+        ...
+
     def backlog(self, checkpoint: SourceCheckpoint) -> str:
         """What waits in the source, in words, for `onceflow status`."""
         ...
