@@ -17,8 +17,9 @@ setup: $(STAMP)
 	command -v mvn >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq maven) || echo "no mvn: the tests' Kafka broker cannot be resolved (fails under CI=true)"
 	$(BIN)/onceflow setup
 
+# SOURCE=kafka: the events come from a Kafka topic on a KRaft broker the demo starts.
 demo: setup
-	$(BIN)/onceflow demo
+	$(BIN)/onceflow demo --source $${SOURCE:-pubsub}
 
 # The demo on the cluster-gcs profile: a two-worker standalone cluster, the lake on the GCS emulator, Dagster on PostgreSQL.
 demo-cluster: setup
@@ -39,7 +40,7 @@ test-cluster: setup
 # CHAOS_ITERATIONS faults (30) under a continuous workload, on each of CHAOS_ENGINES (both engine paths), on the
 # CHAOS_PROFILE deployment profile (local, or cluster-gcs); CHAOS_SEED replays a run.
 chaos: setup
-	for engine in $${CHAOS_ENGINES:-connect classic}; do $(BIN)/python -m tests.chaos.harness --engine $$engine --profile $${CHAOS_PROFILE:-local} --iterations $${CHAOS_ITERATIONS:-30} $${CHAOS_SEED:+--seed $$CHAOS_SEED} || exit 1; done
+	for engine in $${CHAOS_ENGINES:-connect classic}; do $(BIN)/python -m tests.chaos.harness --engine $$engine --profile $${CHAOS_PROFILE:-local} --source $${CHAOS_SOURCE:-pubsub} --iterations $${CHAOS_ITERATIONS:-30} $${CHAOS_SEED:+--seed $$CHAOS_SEED} || exit 1; done
 
 # A warm Spark engine on ONCEFLOW_SPARK_MASTER; DEV_ARGS="--master spark://host:7077" (or --cluster, --no-engine).
 dev: setup

@@ -1,5 +1,5 @@
 """A whole onceflow installation on this machine, for the demo and the chaos harness: Google's Pub/Sub emulator,
-the lake on local disk or (`lake="gcs"`) on the GCS emulator, a warm Spark Connect engine (or, on the classic
+the lake on local disk or (`lake="gcs"`) on the GCS emulator, a Kafka broker (`kafka=True`), a warm Spark Connect engine (or, on the classic
 engine path, none: every run builds its own Spark session, whose appends delta-rs commits), optionally a Spark
 standalone cluster that engine or those sessions drive (`spark="cluster"`: a master and two workers; `local`, the
 default, keeps Spark in the driver), the BigQuery emulator (when it can be set up), a temporary Dagster instance
@@ -26,6 +26,7 @@ from pathlib import Path
 
 import dagster as dg
 
+from onceflow.jobs.declare.sources import KafkaSource
 from onceflow.jobs.sources.reader import open_source
 from onceflow.orchestration.checkout import PROJECT_ROOT
 from onceflow.orchestration.deployments import resources_for
@@ -36,6 +37,7 @@ from onceflow.resources.emulators.bigquery import (
     start_bigquery_emulator,
 )
 from onceflow.resources.emulators.gcs import start_gcs_emulator
+from onceflow.resources.emulators.kafka import KafkaBroker, start_kafka_broker
 from onceflow.resources.emulators.postgres import PostgresServer, start_postgres
 from onceflow.resources.emulators.pubsub import PubSubEmulator, start_pubsub_emulator
 from onceflow.resources.lake import LakeResource
@@ -65,6 +67,7 @@ class LocalStack:
     lake_home: str  # `ONCEFLOW_HOME`: `<workdir>/home`, or `gs://<bucket>/home` on the GCS emulator
     postgres: PostgresServer | None = None  # Dagster's storage, with dagster_storage="postgres"
     cluster: SparkCluster | None = None  # with spark="cluster": the engine's (or every run's) master
+    kafka: KafkaBroker | None = None  # with kafka=True: `ONCEFLOW_KAFKA_BOOTSTRAP` names it
 
     @property
     def home(self) -> Path | str:
@@ -103,13 +106,15 @@ def local_stack(
     spark: str = "local",
     dagster_storage: str = "sqlite",
     lake: str = "local",
+    kafka: bool = False,
 ) -> Iterator[LocalStack]:
     """Start the stack with `settings` (`ONCEFLOW_*` variables) on top of a clean environment; see the module
     docstring. `spark_remote` is an engine to use instead of starting one (Connect path); `engine_path="classic"`
     starts none; `spark="cluster"` starts a standalone cluster as the master of the engine (Connect path) or of
     every run's session (classic path, `ONCEFLOW_SPARK_MASTER`); `dagster_storage` is `sqlite` or `postgres`;
     `lake="gcs"` puts the whole home on the GCS emulator (`gs://<bucket>/home`, `STORAGE_EMULATOR_HOST` set for
-    every process); `keep` keeps the working directory."""
+    every process); `kafka=True` starts a KRaft broker (`ONCEFLOW_KAFKA_BOOTSTRAP`), on which a Kafka source's
+    topic is made with three partitions; `keep` keeps the working directory."""
     if engine_path not in ("connect", "classic"):
         raise ValueError(f"engine_path={engine_path!r}: expected connect or classic")
     if spark not in ("local", "cluster"):
@@ -167,11 +172,19 @@ def local_stack(
             stops.append(build_spark_session(remote=spark_remote).stop)
         if spark_remote is not None:
             os.environ["ONCEFLOW_SPARK_REMOTE"] = spark_remote
+        broker = None
+        if kafka:
+            say("starting a Kafka broker (KRaft)")
+            broker = start_kafka_broker()
+            stops.append(broker.stop)
+            os.environ["ONCEFLOW_KAFKA_BOOTSTRAP"] = broker.bootstrap
         bigquery = _bigquery(settings, say)
         if bigquery is not None:
             stops.append(bigquery.stop)
         resources = resources_for(load_settings())
         for pipeline in load_pipelines(load_settings()):
+            if broker is not None and isinstance(pipeline.source, KafkaSource):
+                broker.create_topic(pipeline.source.topic, partitions=3)  # more than one partition to order
             open_source(pipeline, resources["lake"], resources["pubsub"].client).reader.ensure()
         # The instance's storages are made now: two processes making them at once race on their tables.
         instance = dg.DagsterInstance.get()
@@ -185,7 +198,7 @@ def local_stack(
             )
         stops.append(lambda: stop_process_group(daemon, (signal.SIGTERM, signal.SIGKILL), timeout_s=20))
         yield LocalStack(workdir, instance, pubsub, spark_remote, engines, bigquery, daemon,
-                         os.environ["ONCEFLOW_HOME"], postgres, cluster)
+                         os.environ["ONCEFLOW_HOME"], postgres, cluster, broker)
     finally:
         for stop in reversed(stops):
             stop()

@@ -1,5 +1,5 @@
 """`events` workloads for the demo, tests and benchmarks: events, publisher retries, bad input, and a publisher
-that streams them in real time."""
+that streams them in real time, to Pub/Sub or (`KafkaEventsClient`) to Kafka."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
 
+from confluent_kafka import Producer
+
+from onceflow.jobs.sources.landed_ids import parse_time_ms
 from onceflow.jobs.windows.panes import Window
 from onceflow.resources.pubsub import PubSubClient
 
@@ -77,6 +80,26 @@ MALFORMED: list[tuple[str, bytes, dict[str, str]]] = [
     ("oversized", b'{"key": "k1", "value": 1, "pad": "' + b"x" * 70_000 + b'"}',
      {"event_id": "bad-big", "event_time": "1763720000000"}),
 ]
+
+
+# On Kafka the event time is the record timestamp, which cannot be malformed.
+KAFKA_MALFORMED = [message for message in MALFORMED if message[0] != "bad_event_time"]
+
+
+class KafkaEventsClient:
+    """Sends `(data, attributes)` messages to a Kafka topic as a producer of such events would: the attributes as
+    headers, the event id as the key (a retry lands in the same partition), the event time as the record
+    timestamp. Stands in for a `PubSubClient` in `Publisher`."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
+
+    def publish(self, topic: str, messages: list[tuple[bytes, dict[str, str]]]) -> None:
+        for data, attributes in messages:
+            self.producer.produce(topic, value=data, key=attributes["event_id"].encode(),
+                                  headers=list(attributes.items()),
+                                  timestamp=parse_time_ms(attributes["event_time"]) or 0)
+        self.producer.flush(30)
 
 
 def publish_events(client: PubSubClient, topic: str, events: list[Event], rfc3339_every: int = 2) -> None:
@@ -147,10 +170,12 @@ class Publisher(Worker):
     late_within_s = 600.0
 
     def __init__(
-        self, client, topic: str, duration_s: float, rate: int, first_closed: Callable[[], str | None], seed: int = 42
+        self, client, topic: str, duration_s: float, rate: int, first_closed: Callable[[], str | None], seed: int = 42,
+        malformed: list[tuple[str, bytes, dict[str, str]]] = MALFORMED,
     ):
         super().__init__()
         self.client, self.topic, self.duration_s, self.rate, self.seed = client, topic, duration_s, rate, seed
+        self.malformed = malformed
         self.first_closed = first_closed
         self.expected = Expected()
 
@@ -186,7 +211,7 @@ class Publisher(Worker):
                     messages.append((event.data, event.attributes(True)))
                     self.expected.retries += 1
                 if rng.random() < 0.15:
-                    kind, data, attributes = MALFORMED[rng.randrange(len(MALFORMED))]
+                    kind, data, attributes = self.malformed[rng.randrange(len(self.malformed))]
                     if kind != "bad_event_time":
                         attributes = {**attributes, "event_time": str(now_ms)}
                     messages.append((data, {**attributes, "event_id": f"bad-{seq}"}))

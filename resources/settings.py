@@ -108,7 +108,8 @@ class Settings(BaseSettings):
         default=0.0, ge=0, description="How long a micro-batch run keeps taking batches after its first (0: one)."
     )
 
-    events_source: Literal["pubsub", "files"] = "pubsub"
+    events_source: Literal["pubsub", "files", "kafka"] = "pubsub"
+    kafka_bootstrap: str = Field(default="127.0.0.1:9092", description="The built-in `events` pipeline's Kafka brokers.")
     events_dir: str | None = None
     delivery: Literal["exactly_once", "at_least_once"] = "exactly_once"
     window_s: int = Field(default=60, ge=60)

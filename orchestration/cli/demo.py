@@ -23,7 +23,7 @@ from pathlib import Path
 from onceflow.jobs.windows.panes import CloseStore, Window
 from onceflow.orchestration.checkout import PROJECT_ROOT
 from onceflow.orchestration.sensors.runs import run_worker_pid
-from onceflow.orchestration.workload import Expected, Publisher
+from onceflow.orchestration.workload import KAFKA_MALFORMED, MALFORMED, Expected, KafkaEventsClient, Publisher
 from onceflow.resources.processes import kill_tree
 
 DEMO_SETTINGS = {
@@ -61,13 +61,14 @@ def run_streaming(
     keep: bool = False,
     spark_remote: str | None = None,
     profile: str = "local",
+    source: str = "pubsub",
 ) -> StreamingResult:
     """The demo scenario; see the module docstring. Returns its outcome instead of an exit status.
 
     `spark_remote` is a running Spark Connect server to use instead of starting one; `profile` is a deployment
     profile (`local_stack.PROFILES`: `cluster-gcs` runs on a standalone cluster, the lake on the GCS emulator and
-    Dagster on PostgreSQL); `keep` keeps the onceflow home (`StreamingResult.home`) for
-    inspection.
+    Dagster on PostgreSQL); `source="kafka"` runs `events` on a Kafka topic of a KRaft broker the stack starts;
+    `keep` keeps the onceflow home (`StreamingResult.home`) for inspection.
     """
     from onceflow.jobs.publish.commit_records import DONE
     from onceflow.jobs.publish.commit_store import CommitStore
@@ -82,7 +83,9 @@ def run_streaming(
     from onceflow.resources.settings import load_settings
     from onceflow.resources.spark import build_spark_session
 
-    with local_stack(DEMO_SETTINGS, "onceflow-demo-", spark_remote, keep, say, **PROFILES[profile]) as stack:
+    settings = {**DEMO_SETTINGS, "ONCEFLOW_EVENTS_SOURCE": source}
+    with local_stack(settings, "onceflow-demo-", spark_remote, keep, say, kafka=source == "kafka",
+                     **PROFILES[profile]) as stack:
         instance = stack.instance
         settings = load_settings()
         pipeline = next(p for p in load_pipelines(settings) if p.name == "events")
@@ -100,7 +103,11 @@ def run_streaming(
             windows = closes.windows(output.window_s)
             return windows[0].key if windows else None
 
-        publisher = Publisher(client, spec.topic, duration_s, rate, first_closed)
+        if stack.kafka is not None:
+            publisher = Publisher(KafkaEventsClient(stack.kafka.bootstrap), spec.topic, duration_s, rate, first_closed,
+                                  malformed=KAFKA_MALFORMED)
+        else:
+            publisher = Publisher(client, spec.topic, duration_s, rate, first_closed, malformed=MALFORMED)
         publisher.start()
         say(f"publishing {rate} events/s for {duration_s:.0f}s, with publisher retries, malformed and late events")
 
@@ -127,7 +134,7 @@ def run_streaming(
             if publisher.error is not None:
                 raise publisher.error
             if (publisher.done.is_set() and windows and len(done) == len(windows) and not commits.unfinished()
-                    and not client.has_messages(spec.subscription)):
+                    and not source.reader.has_data(checkpoint)):
                 break
             time.sleep(1)
         else:
@@ -163,7 +170,8 @@ def run_streaming(
             print(f"  {name}: {value:.1f}s", flush=True)
         _record_latencies(latencies)
         ok = all(checks.values())
-        print(f"\nexactly-once {'held' if ok else 'VIOLATED'} (engine path: {stack.engine_path})", flush=True)
+        print(f"\nexactly-once {'held' if ok else 'VIOLATED'} (engine path: {stack.engine_path}, source: "
+              f"{pipeline.source.kind})", flush=True)
         return StreamingResult(ok, sorted(expected.on_time), expected, killed, latencies, stack.home)
 
 
@@ -255,9 +263,9 @@ def _record_latencies(latencies: dict[str, float]) -> None:
                                         "settings": DEMO_SETTINGS, "latencies_s": latencies}, indent=2))
 
 
-def run_demo(profile: str = "local") -> int:
+def run_demo(profile: str = "local", source: str = "pubsub") -> int:
     try:
-        result = run_streaming(profile=profile)
+        result = run_streaming(profile=profile, source=source)
     except (TimeoutError, RuntimeError) as error:
         say(f"FAILED: {error}")
         return 1

@@ -102,7 +102,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from onceflow.orchestration.cli.demo import run_demo
 
-    return run_demo(args.profile)
+    return run_demo(args.profile, args.source)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--profile", choices=("local", "cluster-gcs"), default="local",
                       help="cluster-gcs: a two-worker standalone cluster, the lake on the GCS emulator, Dagster on "
                            "PostgreSQL, all started for it")
+    demo.add_argument("--source", choices=("pubsub", "kafka"), default="pubsub",
+                      help="where the events come from: the Pub/Sub emulator, or a Kafka broker started for it")
     demo.set_defaults(func=cmd_demo)
     dev = sub.add_parser("dev", help="Dagster UI and daemon with the persistent instance")
     dev.add_argument("--host", default="127.0.0.1")

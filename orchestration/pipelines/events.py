@@ -1,7 +1,9 @@
 """The reference pipeline `events` (DESIGN section 7), declared with the public API like any user pipeline.
 
 Pub/Sub topic `onceflow-events` (or, with `ONCEFLOW_EVENTS_SOURCE=files`, the `*.jsonl` files of
-`ONCEFLOW_EVENTS_DIR`); records `{"key": string, "value": number}` with attributes `event_id` and `event_time`;
+`ONCEFLOW_EVENTS_DIR`; with `kafka`, the Kafka topic `onceflow-events` on `ONCEFLOW_KAFKA_BOOTSTRAP`, the event
+time as the record timestamp); records `{"key": string, "value": number}` with attributes (headers) `event_id` and
+`event_time`;
 per window and key, `count` and `sum_value`. Its whole declaration comes from `ONCEFLOW_*` settings.
 """
 
@@ -12,7 +14,7 @@ from pyspark.sql import functions as F
 
 from onceflow.jobs.declare.declaration import BigQuerySink, FileSink, Pipeline, Sink, WindowedOutput
 from onceflow.jobs.declare.durations import render_duration
-from onceflow.jobs.declare.sources import FileSource, PubSubSource
+from onceflow.jobs.declare.sources import FileSource, KafkaSource, PubSubSource
 from onceflow.resources.settings import Settings
 
 # Values are exact decimals (BigQuery's NUMERIC): sums are then the same whatever order Spark adds them in.
@@ -25,9 +27,11 @@ def event_counts(records: DataFrame) -> DataFrame:
 
 
 def events_pipeline(settings: Settings) -> Pipeline:
-    source: FileSource | PubSubSource
+    source: FileSource | PubSubSource | KafkaSource
     if settings.events_source == "files":
         source = FileSource(directory=settings.events_directory, id_field="event_id", timestamp_field="event_time")
+    elif settings.events_source == "kafka":
+        source = KafkaSource(bootstrap_servers=settings.kafka_bootstrap, topic="onceflow-events", id_header="event_id")
     else:
         source = PubSubSource(
             topic="onceflow-events",

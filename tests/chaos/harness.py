@@ -8,12 +8,15 @@ sent: raw and dead letters with delta-rs against the publishers' own records, ev
 input and its published files (`onceflow verify`'s reconciliation), BigQuery against the window table.
 
     python -m tests.chaos.harness --iterations 30 [--seed N] [--engine connect|classic] [--profile local|cluster-gcs]
+                                  [--source pubsub|kafka]
 
 prints one summary line (the engine path it proved, faults by kind, records published, `lost 0, duplicated 0`,
 the seed); a failing seed replays with `--seed`. `--engine classic` runs every run on its own local Spark session
 (Delta's writer writes, delta-rs commits) instead of as a client of one warm Spark Connect engine. `--profile
 cluster-gcs` runs it all on a standalone Spark cluster, with the whole home on the GCS emulator and Dagster on
-PostgreSQL (`onceflow.orchestration.local_stack.PROFILES`).
+PostgreSQL (`onceflow.orchestration.local_stack.PROFILES`). `--source kafka` puts the `events` pipeline on a
+Kafka topic of three partitions on a real KRaft broker (its publisher a Kafka producer with the same retries, late
+and malformed records), beside `orders` on Pub/Sub.
 """
 
 from __future__ import annotations
@@ -34,13 +37,14 @@ from onceflow.jobs.declare.declaration import BigQuerySink
 from onceflow.jobs.publish.commit_records import DONE
 from onceflow.jobs.publish.commit_store import CommitStore
 from onceflow.jobs.publish.sequence import sequence_id
+from onceflow.jobs.sources.reader import open_source
 from onceflow.jobs.verify.reconcile import canonical_row, render
 from onceflow.jobs.windows.panes import CloseStore, Window
 from onceflow.orchestration.cli.status import reconcile_pipeline
 from onceflow.orchestration.deployments import resources_for
 from onceflow.orchestration.local_stack import PROFILES, LocalStack, local_stack
 from onceflow.orchestration.pipelines import load_pipelines
-from onceflow.orchestration.workload import Publisher
+from onceflow.orchestration.workload import KAFKA_MALFORMED, MALFORMED, KafkaEventsClient, Publisher
 from onceflow.resources.delta_storage import delta_table
 from onceflow.resources.settings import load_settings
 from onceflow.resources.spark import build_spark_session
@@ -71,6 +75,7 @@ class ChaosReport:
     seed: int
     engine_path: str
     profile: str
+    source: str
     faults: Counter[str]
     published: int = 0
     records: int = 0
@@ -87,20 +92,21 @@ class ChaosReport:
     def summary(self) -> str:
         kinds = ", ".join(f"{k} {n}" for k, n in sorted(self.faults.items())) or "none"
         return (f"chaos seed {self.seed} on the {self.engine_path} engine path, {self.profile} profile: {sum(self.faults.values())} faults ({kinds}); {self.published} messages "
-                f"published ({self.records} records, {self.malformed} malformed) over 2 pipelines; "
+                f"published ({self.records} records, {self.malformed} malformed) over 2 pipelines (events on "
+                f"{self.source}); "
                 f"lost {len(self.lost)}, duplicated {len(self.duplicated)}; {len(self.problems)} other problems; "
                 f"{self.elapsed_s:.0f}s")
 
 
 def run_chaos(
     iterations: int, seed: int, publish_s: float = 60.0, settle_s: float = 600.0, engine_path: str = "connect",
-    profile: str = "local",
+    profile: str = "local", source: str = "pubsub",
 ) -> ChaosReport:
     started = time.monotonic()
     # The working directory (instance, lake, logs) is kept for inspection; removed when the run held.
-    settings = SETTINGS | (CLASSIC_SETTINGS if engine_path == "classic" else {})
+    settings = SETTINGS | (CLASSIC_SETTINGS if engine_path == "classic" else {}) | {"ONCEFLOW_EVENTS_SOURCE": source}
     with local_stack(settings, "onceflow-chaos-", keep=True, say=_say, engine_path=engine_path,
-                     **PROFILES[profile]) as stack:
+                     kafka=source == "kafka", **PROFILES[profile]) as stack:
         workdir = stack.workdir
         settings = load_settings()
         pipelines = load_pipelines(settings)
@@ -111,7 +117,12 @@ def run_chaos(
             windows = closes.windows(60)
             return windows[0].key if windows else None
 
-        events = Publisher(client, "onceflow-events", publish_s, rate=10, first_closed=first_closed, seed=seed)
+        if stack.kafka is not None:
+            events = Publisher(KafkaEventsClient(stack.kafka.bootstrap), "onceflow-events", publish_s, rate=10,
+                               first_closed=first_closed, seed=seed, malformed=KAFKA_MALFORMED)
+        else:
+            events = Publisher(client, "onceflow-events", publish_s, rate=10, first_closed=first_closed, seed=seed,
+                               malformed=MALFORMED)
         orders = OrderPublisher(client, publish_s, rate=4, seed=seed)
         faults = FaultInjector(stack, pipelines, iterations, spacing_s=publish_s / max(iterations, 1), seed=seed)
         for thread in (events, orders, faults):
@@ -121,7 +132,7 @@ def run_chaos(
         for thread in (events, orders, faults):
             if thread.error is not None:
                 raise thread.error
-        report = ChaosReport(seed, stack.engine_path, profile, faults.log.injected, events.expected.messages + orders.sent.messages)
+        report = ChaosReport(seed, stack.engine_path, profile, source, faults.log.injected, events.expected.messages + orders.sent.messages)
         for note in faults.log.notes:
             print(f"  {note}", flush=True)
         _account(stack, pipelines, report, {
@@ -142,13 +153,13 @@ def _settle(stack: LocalStack, pipelines: list, threads: tuple, timeout_s: float
     for thread in threads:
         thread.done.wait()
     _say("traffic and faults over; waiting for every window to close and publish")
-    client = resources_for(load_settings())["pubsub"].client()
+    sources = [open_source(p, stack.lake, resources_for(load_settings())["pubsub"].client) for p in pipelines]
     commits = CommitStore(stack.lake.commits())
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if stack.daemon.poll() is not None:
             raise RuntimeError(f"dagster-daemon exited:\n{stack.daemon_log()}")
-        waiting = [p.name for p in pipelines if client.has_messages(p.source.subscription, timeout_s=1.0)]
+        waiting = [s.pipeline.name for s in sources if s.reader.has_data(s.checkpoints.load())]
         busy = stack.instance.get_runs(filters=dg.RunsFilter(statuses=[
             dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED]))
         unpublished = _unpublished(stack, pipelines, commits)
@@ -245,10 +256,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--publish-s", type=float, default=None)
     parser.add_argument("--engine", choices=("connect", "classic"), default="connect")
     parser.add_argument("--profile", choices=sorted(PROFILES), default="local")
+    parser.add_argument("--source", choices=("pubsub", "kafka"), default="pubsub", help="the events pipeline's")
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10**6)
     report = run_chaos(args.iterations, seed, publish_s=args.publish_s or max(60.0, 8.0 * args.iterations),
-                       engine_path=args.engine, profile=args.profile)
+                       engine_path=args.engine, profile=args.profile, source=args.source)
     for problem in report.problems[:20]:
         print(f"  problem: {problem}")
     print(report.summary(), flush=True)
