@@ -78,17 +78,12 @@ class KafkaReader:
         lost = tuple((p, starts[p], earliest[p]) for p in partitions if starts[p] < earliest[p])
         if lost and self.source.on_lost_records == "fail":
             raise KafkaRecordsLost(_lost_message(topic, lost))
-        budget = self.source.max_records or 0
-        offsets = []
-        for index, p in enumerate(partitions):  # the budget shared out evenly over partitions with records
-            start = max(starts[p], earliest[p])
-            share = -(-budget // (len(partitions) - index))
-            until = max(start, min(stable[p], start + share))
-            budget -= until - start
-            offsets.append((p, start, until))
-        if ends is not None and not lost and all(until == start for _, start, until in offsets):
+        first = {p: max(starts[p], earliest[p]) for p in partitions}
+        taken = _shared(self.source.max_records or 0, {p: max(0, stable[p] - first[p]) for p in partitions})
+        offsets = tuple((p, first[p], first[p] + taken[p]) for p in partitions)
+        if ends is not None and not lost and not any(taken.values()):
             return None  # a first batch is planned even when empty: it fixes where the source starts
-        return tuple(offsets), lost
+        return offsets, lost
 
     def has_data(self, checkpoint: SourceCheckpoint) -> bool:
         ends = self._ends(checkpoint)
@@ -223,6 +218,16 @@ class KafkaReader:
     def ensure(self) -> str:
         self.client.create_topic(self.source.topic)
         return f"Kafka topic {self.source.topic}"
+
+
+def _shared(budget: int, available: dict[int, int]) -> dict[int, int]:
+    """`budget` records shared out evenly over the partitions, a partition with fewer waiting leaving its part of
+    the share to the others."""
+    taken, order = {}, sorted(available, key=available.__getitem__)
+    for index, partition in enumerate(order):
+        taken[partition] = min(available[partition], -(-budget // (len(order) - index)))
+        budget -= taken[partition]
+    return taken
 
 
 def _landed_row(topic: str, record: KafkaRecord) -> LandedRow:
