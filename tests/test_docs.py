@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from pydantic import AliasChoices
 
-from onceflow import BigQuerySink, FileSink, FileSource, Pipeline, PubSubSource, WindowedOutput
+from onceflow import BigQuerySink, FileSink, FileSource, KafkaSource, Pipeline, PubSubSource, WindowedOutput
 from onceflow.orchestration.pipelines import load_pipelines
 from onceflow.resources.settings import PREFIX, Settings
 
@@ -114,7 +114,7 @@ def test_declaration_table_lists_every_field_a_pipeline_declares() -> None:
         listed.update(f"{cls}.{field}" for field in (first, *fields))
     declared = {
         f"{cls.__name__}.{f.name}"
-        for cls in (Pipeline, PubSubSource, FileSource, WindowedOutput, FileSink, BigQuerySink)
+        for cls in (Pipeline, PubSubSource, FileSource, KafkaSource, WindowedOutput, FileSink, BigQuerySink)
         for f in dataclasses.fields(cls)
     }
     assert listed == declared

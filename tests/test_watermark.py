@@ -19,6 +19,7 @@ from onceflow.jobs.sources.backlog import (
     EmulatorBacklogProbe,
     MessageKey,
 )
+from onceflow.jobs.sources.kafka_watermark import KafkaWatermark
 from onceflow.jobs.sources.tracking import TrackingSample
 from onceflow.jobs.sources.watermark import FileWatermark, PubSubWatermark, WatermarkEstimator
 
@@ -451,3 +452,17 @@ def test_cloud_monitoring_probe_reads_the_newest_sample() -> None:
         probe.oldest_unacked_ms(T0 + 90_000)
     client.answer = [SimpleNamespace(points=[point(T0 // 1000 + 60, 0)])]
     assert probe.oldest_unacked_ms(T0 + 90_000) is None
+
+
+def test_kafka_watermark_is_the_minimum_over_partitions_not_idle() -> None:
+    watermark = KafkaWatermark(1_000, idle_timeout_ms=10_000)
+    watermark.observe({0: 50_000, 1: 20_000}, now_ms=100_000)
+    assert watermark.current(100_000) == 19_000  # the partition behind in event time holds the others
+    watermark.observe({0: 60_000}, now_ms=105_000)
+    assert watermark.current(105_000) == 19_000
+    assert watermark.current(111_000) == 59_000  # partition 1 idle for the timeout: it holds no more
+    watermark.observe({2: None}, now_ms=112_000)  # records waiting in a partition never read yet
+    assert watermark.current(112_000) == 59_000
+    assert watermark.current(200_000) == 199_000  # every partition idle: near real time
+    restored = KafkaWatermark(1_000, idle_timeout_ms=10_000).from_state(watermark.to_state())
+    assert restored.current(150_000) == 199_000  # never goes back

@@ -195,7 +195,9 @@ class KafkaReader:
                     if stream < len(read)}
         else:  # a batch found committed in the lake: only its newest event time is known
             seen = dict.fromkeys(read, outcome.max_event_time_ms)
-        watermark.observe({p: seen.get(p) for p in read}, now_ms)
+        # A partition with records past this batch is not idle, read or not: it holds the watermark.
+        waiting = [p for p, count in self._lag({p: until for p, _, until in plan.offsets}).items() if count]
+        watermark.observe({**dict.fromkeys(waiting), **{p: seen.get(p) for p in read}}, now_ms)
         try:
             self.client.commit_group(f"onceflow-{self.pipeline.name}", self.source.topic,
                                      {p: until for p, _, until in plan.offsets})
