@@ -14,24 +14,16 @@ from collections.abc import Mapping
 from typing import Any, Self
 
 from onceflow.jobs.sources.backlog import check_state_kind
-from onceflow.jobs.sources.watermark import DEFAULT_IDLE_TIMEOUT_MS
+from onceflow.jobs.sources.watermark import BoundedOutOfOrderness
 
 
-class KafkaWatermark:
+class KafkaWatermark(BoundedOutOfOrderness):
     """See the module docstring."""
 
-    def __init__(
-        self, out_of_orderness_ms: int, *, idle_timeout_ms: int = DEFAULT_IDLE_TIMEOUT_MS,
-        idle_allowance_ms: int | None = None,
-    ) -> None:
-        if out_of_orderness_ms < 0 or idle_timeout_ms <= 0:
-            raise ValueError("out_of_orderness_ms >= 0 and idle_timeout_ms > 0 are required")
-        self.out_of_orderness_ms = out_of_orderness_ms
-        self.idle_timeout_ms = idle_timeout_ms
-        self.idle_allowance_ms = out_of_orderness_ms if idle_allowance_ms is None else idle_allowance_ms
+    def __init__(self, out_of_orderness_ms: int, **idle: int | None) -> None:
+        super().__init__(out_of_orderness_ms, **idle)
         self._max_event_ms: dict[int, int] = {}
         self._active_ms: dict[int, int] = {}  # when each partition last brought records or had some waiting
-        self._watermark_ms: int | None = None
 
     def observe(self, max_event_ms: Mapping[int, int | None], now_ms: int) -> None:
         """Partitions that brought records at `now_ms` (or, with None, have records waiting), with the newest

@@ -231,7 +231,23 @@ class PubSubWatermark:
                 merged.append(self._buckets[-1])
             self._buckets = merged
 
-class FileWatermark:
+class BoundedOutOfOrderness:
+    """What the bounded-out-of-orderness estimators (files, Kafka) are given: the bound, and after how long without
+    data (`idle_timeout_ms`) the watermark goes to `now_ms - idle_allowance_ms` (default: the bound)."""
+
+    def __init__(
+        self, out_of_orderness_ms: int, *, idle_timeout_ms: int | None = None, idle_allowance_ms: int | None = None
+    ) -> None:
+        idle_timeout_ms = DEFAULT_IDLE_TIMEOUT_MS if idle_timeout_ms is None else idle_timeout_ms
+        if out_of_orderness_ms < 0 or idle_timeout_ms <= 0:
+            raise ValueError("out_of_orderness_ms >= 0 and idle_timeout_ms > 0 are required")
+        self.out_of_orderness_ms = out_of_orderness_ms
+        self.idle_timeout_ms = idle_timeout_ms
+        self.idle_allowance_ms = out_of_orderness_ms if idle_allowance_ms is None else idle_allowance_ms
+        self._watermark_ms: int | None = None
+
+
+class FileWatermark(BoundedOutOfOrderness):
     """The watermark of a file source: the maximum event time seen minus a declared out-of-orderness bound.
 
     `observe` is told about every committed batch of new files (and, with `None`, about new files that are known
@@ -241,21 +257,10 @@ class FileWatermark:
     bound, the same allowance a new file's records get). None before any record; never goes back.
     """
 
-    def __init__(
-        self,
-        out_of_orderness_ms: int,
-        *,
-        idle_timeout_ms: int = DEFAULT_IDLE_TIMEOUT_MS,
-        idle_allowance_ms: int | None = None,
-    ) -> None:
-        if out_of_orderness_ms < 0 or idle_timeout_ms <= 0:
-            raise ValueError("out_of_orderness_ms >= 0 and idle_timeout_ms > 0 are required")
-        self.out_of_orderness_ms = out_of_orderness_ms
-        self.idle_timeout_ms = idle_timeout_ms
-        self.idle_allowance_ms = out_of_orderness_ms if idle_allowance_ms is None else idle_allowance_ms
+    def __init__(self, out_of_orderness_ms: int, **idle: int | None) -> None:
+        super().__init__(out_of_orderness_ms, **idle)
         self._max_event_ms: int | None = None
         self._last_files_ms: int | None = None
-        self._watermark_ms: int | None = None
 
     def observe(self, max_event_time_ms: int | None, now_ms: int) -> None:
         """New files at `now_ms` whose newest record has `max_event_time_ms` (None: no valid record, or waiting)."""
