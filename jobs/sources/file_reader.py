@@ -103,7 +103,7 @@ class FileReader:
         relative = f"element_at({sql_strings(entry.path for entry in plan.files)}, file + 1)"
         # SQL text: each column built in Python costs round trips to the JVM.
         return lines.filter(r"NOT value RLIKE '^[ \\t\\r\\x0B\\f]*$'").selectExpr(
-            f"CAST(file AS BIGINT) * {STREAM_STRIDE} + CAST(offset AS BIGINT) AS ordinal"  # a stream per file,
+            f"CAST(file AS BIGINT) * {STREAM_STRIDE} + CAST(offset AS BIGINT) AS ordinal",  # a stream per file
             f"concat({relative}, ':', offset) AS source_position",
             "CAST(NULL AS TIMESTAMP) AS publish_time",
             "CAST(NULL AS MAP<STRING, STRING>) AS attributes",
