@@ -1,8 +1,8 @@
 """A pipeline's source at run time, as one interface: has it data, what is the next batch, what did a batch
 land, and how does its watermark learn.
 
-`open_source` wires a declared source (`PubSubSource`, `FileSource`, `KafkaSource`) to its reader, its checkpoint store and its
-tables under the lake; nothing else in the platform needs to know which kind of source it is.
+`open_source` wires a declared source (`PubSubSource`, `FileSource`, `KafkaSource`) to its reader, its checkpoint
+store and its tables under the lake; nothing else in the platform needs to know which kind of source it is.
 
 Every reader lands a batch in one schema (`onceflow.jobs.sources.landing.LANDING_SCHEMA`).
 """
