@@ -1,6 +1,7 @@
 """A whole onceflow installation on this machine, for the demo and the chaos harness: Google's Pub/Sub emulator,
-the lake on local disk or (`lake="gcs"`) on the GCS emulator, a Kafka broker (`kafka=True`), a warm Spark Connect engine (or, on the classic
-engine path, none: every run builds its own Spark session, whose appends delta-rs commits), optionally a Spark
+a Kafka broker (`kafka=True`), the lake on local disk or (`lake="gcs"`) on the GCS emulator, a warm Spark Connect
+engine (or, on the classic engine path, none: every run builds its own Spark session, whose appends delta-rs
+commits), optionally a Spark
 standalone cluster that engine or those sessions drive (`spark="cluster"`: a master and two workers; `local`, the
 default, keeps Spark in the driver), the BigQuery emulator (when it can be set up), a temporary Dagster instance
 with the project's `dagster.yaml` (or, with `dagster_storage="postgres"`, the production `deploy/dagster.prod.yaml`
