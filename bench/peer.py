@@ -83,7 +83,7 @@ def events(spark: SparkSession, source: Source, streaming: bool) -> DataFrame:
     return raw
 
 
-def _append_sink(table: str, app_id: str) -> Callable[[DataFrame, int], None]:
+def append_sink(table: str, app_id: str) -> Callable[[DataFrame, int], None]:
     def append(batch: DataFrame, batch_id: int) -> None:
         batch.write.format("delta").mode("append").option("txnAppId", app_id).option("txnVersion", batch_id).save(
             table
@@ -129,7 +129,7 @@ class _Stream:
         stream = events(spark, self.source, streaming=True).withWatermark(dataset.time_field, WATERMARK)
         if self.contender == "streaming_dedup":
             stream = stream.dropDuplicatesWithinWatermark([dataset.id_field])
-            sink = _append_sink(self.table, self.app_id)
+            sink = append_sink(self.table, self.app_id)
         else:
             empty = spark.createDataFrame([], events(spark, self.source, streaming=False).schema)
             empty.write.format("delta").mode("ignore").save(self.table)  # so the first batch is a MERGE too

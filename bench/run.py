@@ -18,8 +18,9 @@ commit and the checkpoint update, and the duplicates the table then holds are co
 is compared with onceflow exactly-once's valid rows (`bench.same_rows`; not timed); the peak resident memory of
 the driver during each run is sampled (`bench.memory`).
 
-Then `table_growth` (`--growth-*`), `latency` (`--latency-*`) and `landing` (`--landing-*`): `bench/table_growth.py`,
-`bench/latency.py`, `bench/landing.py` (`--only landing` runs the Pub/Sub landing figure alone).
+Then `table_growth` (`--growth-*`), `latency` (`--latency-*`), `landing` (`--landing-*`) and `kafka` (`--kafka-*`):
+`bench/table_growth.py`, `bench/latency.py`, `bench/landing.py` (`--only landing` runs the Pub/Sub landing figure
+alone), `bench/kafka.py` (Kafka -> raw against Structured Streaming's Kafka source).
 Writes `bench/results/latest.json` and the chart `bench/results/latest.png` (see `bench/report.py`).
 """
 
@@ -45,6 +46,10 @@ from pyspark.sql import SparkSession
 from bench import chart, ingest_throughput, peer, report
 from bench.datasets import CLEAN, BenchmarkError, Dataset, Source
 from bench.ingest_throughput import Config
+from bench.kafka import BATCH as KAFKA_BATCH
+from bench.kafka import EVENTS as KAFKA_EVENTS
+from bench.kafka import ROUNDS as KAFKA_ROUNDS
+from bench.kafka import kafka
 from bench.landing import EVENTS as LANDING_EVENTS
 from bench.landing import ROUNDS as LANDING_ROUNDS
 from bench.landing import landing
@@ -61,7 +66,7 @@ from onceflow.resources.spark import build_spark_session
 RESULTS = Path(__file__).resolve().parent / "results"
 ONCEFLOW = ingest_throughput.MODES  # exactly_once, at_least_once
 CONTENDERS = (*ONCEFLOW, *peer.CONTENDERS)
-EXTRAS = ("table_growth", "latency", "landing")
+EXTRAS = ("table_growth", "latency", "landing", "kafka")
 ALIASES = {"ingest_throughput": ONCEFLOW}
 DATASETS = {d.name: d for d in (CLEAN, REALISTIC)}
 
@@ -216,11 +221,12 @@ def selected(only: list[str] | None) -> tuple[list[str], set[str]]:
 
 def spark_benchmarks(
     args: argparse.Namespace, contenders: list[str], extras: set[str], config: Config
-) -> tuple[dict[str, str], list[dict[str, Any]], dict[str, Any] | None, dict[str, Any] | None]:
+) -> tuple[dict[str, str], list[dict[str, Any]], dict[str, Any | None]]:
     """The benchmarks that need Spark, on one session (none is started when none of them is asked for): its
-    settings, the data sets' runs, `table_growth` and `latency`."""
-    if not contenders and not extras & {"table_growth", "latency"}:
-        return {}, [], None, None
+    settings, the data sets' runs, and `table_growth`, `latency` and `kafka` by name (None when not asked for)."""
+    extra = {"table_growth": table_growth, "latency": latency, "kafka": kafka}
+    if not contenders and not extras & set(extra):
+        return {}, [], dict.fromkeys(extra)
     with tempfile.TemporaryDirectory(prefix="onceflow-bench-warehouse-") as warehouse:
         spark = build_spark_session(
             app_name="onceflow-bench",
@@ -230,11 +236,10 @@ def spark_benchmarks(
             settings = {k: v for k, v in spark.sparkContext.getConf().getAll() if k in report.SPARK_SETTINGS}
             names = list(DATASETS) if args.dataset == "both" else [args.dataset]
             datasets = [run_contenders(spark, DATASETS[n], contenders, config, _print) for n in names if contenders]
-            growth = table_growth(spark, args) if "table_growth" in extras else None
-            lat = latency(spark, args) if "latency" in extras else None
+            results = {name: run(spark, args) if name in extras else None for name, run in extra.items()}
         finally:
             spark.stop()
-    return settings, datasets, growth, lat
+    return settings, datasets, results
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -277,14 +282,22 @@ def main(argv: list[str] | None = None) -> int:
                       help="timed rounds per mode (default: %(default)s)")
     land.add_argument("--landing-streams", type=int, default=None,
                       help="pulls in flight of the parallel mode (default: ONCEFLOW_PULL_STREAMS)")
+    kafka_group = parser.add_argument_group("kafka")
+    kafka_group.add_argument("--kafka-events", type=int, default=KAFKA_EVENTS,
+                             help="distinct events produced to the topic (default: %(default)s)")
+    kafka_group.add_argument("--kafka-rounds", type=int, default=KAFKA_ROUNDS,
+                             help="timed rounds per contender (default: %(default)s)")
+    kafka_group.add_argument("--kafka-batch", type=int, default=KAFKA_BATCH,
+                             help="records per batch of every contender (default: %(default)s)")
     args = parser.parse_args(argv)
     contenders, extras = selected(args.only)
     config = Config(events=args.events, rounds=args.rounds)
     args.results.mkdir(parents=True, exist_ok=True)
     started, load_before = time.time(), os.getloadavg()
-    settings, datasets, growth, lat = spark_benchmarks(args, contenders, extras, config)
+    settings, datasets, extra = spark_benchmarks(args, contenders, extras, config)
     landed = landing(args) if "landing" in extras else None
-    result = report.build(config, datasets, growth, lat, landed)
+    result = report.build(config, datasets, extra["table_growth"], extra["latency"], landed)
+    result["kafka"] = extra["kafka"]
     result["machine"] = {**machine(), "load_avg_before": load_before, "load_avg_after": os.getloadavg()}
     result["spark"] = settings
     result["started_at"] = datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds")
