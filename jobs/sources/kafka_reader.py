@@ -49,6 +49,7 @@ class KafkaReader:
             raise TypeError("KafkaReader needs a settings-resolved KafkaSource")
         self.pipeline, self.source, self.checkpoints, self.plans = pipeline, source, checkpoints, plans
         self._counts: dict[int, int] = {}
+        self._lags: dict[int, dict[int, int]] = {}  # the last batch's, asked by its commit and by its run's report
 
     @cached_property
     def client(self) -> KafkaClient:
@@ -196,7 +197,7 @@ class KafkaReader:
         else:  # a batch found committed in the lake: only its newest event time is known
             seen = dict.fromkeys(read, outcome.max_event_time_ms)
         # A partition with records past this batch is not idle, read or not: it holds the watermark.
-        waiting = [p for p, count in self._lag({p: until for p, _, until in plan.offsets}).items() if count]
+        waiting = [p for p, count in self._lag_after(plan).items() if count]
         watermark.observe({**dict.fromkeys(waiting), **{p: seen.get(p) for p in read}}, now_ms)
         try:
             self.client.commit_group(f"onceflow-{self.pipeline.name}", self.source.topic,
@@ -205,8 +206,12 @@ class KafkaReader:
             log.warning(f"{self.checkpoints.source_id}: could not record consumer group offsets: {error}")
 
     def lag(self, plan: BatchPlan) -> dict[str, int]:
-        lag = self._lag({p: until for p, _, until in (*plan.lost, *plan.offsets)})
-        return {f"partition_{p}": count for p, count in lag.items()}
+        return {f"partition_{p}": count for p, count in self._lag_after(plan).items()}
+
+    def _lag_after(self, plan: BatchPlan) -> dict[int, int]:
+        if plan.batch_id not in self._lags:
+            self._lags = {plan.batch_id: self._lag({p: until for p, _, until in plan.offsets})}
+        return self._lags[plan.batch_id]
 
     def backlog(self, checkpoint: SourceCheckpoint) -> str:
         return ", ".join(f"partition {p} lag {count}" for p, count in self._lag(self._ends(checkpoint) or {}).items())
