@@ -26,6 +26,7 @@ from onceflow.orchestration.cli.status import source_lines, verify
 from onceflow.orchestration.pipelines import resolve
 from onceflow.orchestration.sensors.micro_batch import build_micro_batch_sensor
 from onceflow.resources.emulators.kafka import KafkaBroker
+from onceflow.resources.kafka import KafkaClient
 from onceflow.resources.lake import LakeResource
 from onceflow.resources.pubsub import PubSubResource
 from onceflow.resources.settings import load_settings
@@ -138,9 +139,16 @@ def test_aborted_and_open_transactions_never_enter_raw(
     source = clicks_source(home)
 
     first = run_micro_batch(lambda: spark, source)
+    first_stable = KafkaClient(kafka_broker.bootstrap).offsets(topic, [0], "latest")[0]
 
     assert first is not None and first.inserted == 6 and first.landed == 6 and first.balances()
     committed.commit_transaction(30)
+    # The coordinator writes the commit marker after it answers: wait until the stable offset has passed it.
+    stable_after = first_stable + 2  # the late record, then its transaction's marker
+    deadline = time.monotonic() + 30
+    while KafkaClient(kafka_broker.bootstrap).offsets(topic, [0], "latest")[0] < stable_after:
+        assert time.monotonic() < deadline, "the committed transaction's marker never became stable"
+        time.sleep(0.2)
     second = run_micro_batch(lambda: spark, source)
     assert second is not None and second.inserted == 1
     assert [r[0] for r in read_rows(source.raw_path, ["record_id"])] == sorted(
