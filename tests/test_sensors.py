@@ -108,19 +108,19 @@ def test_window_sensor_requests_closed_windows_in_order_then_refires_late_ones(
     assert [(r.run_key, r.partition_key) for r in result.run_requests] == [
         (f"event_counts:{w.key}:final", w.key) for w in windows[:2]
     ]
-    launch(instance, result.run_requests)
+    finals = launch(instance, result.run_requests)
     assert evaluate(sensor, instance, lake, result.cursor).run_requests == []  # in flight: nothing new
 
-    # Window 0 closed; a new batch holds an event of window 0: under `refire` its next pane is requested.
-    CloseStore(lake.panes(), "event_counts").close(
-        windows[0], PaneClose(window_start_ms=windows[0].start_ms, pane=1, timing="on_time", raw_version=3,
-                              max_batch_id=3, watermark_ms=BASE + 151_000, closed_at_ms=BASE + 151_000)
-    )
+    # Window 0's final pane committed, its run over; a new batch holds an event of window 0: under `refire`
+    # its next pane is requested.
+    close_and_publish(lake, windows[0], pane=1)
+    instance.report_run_failed(finals[0])  # died after its commit: the pane stands
     checkpoint.committed_batch = 4
     checkpoint.recent_batches.append((4, BASE + 30_000))
     checkpoints.update(lambda _: checkpoint)
     refired = evaluate(sensor, instance, lake, result.cursor)
     assert [r.run_key for r in refired.run_requests] == [f"event_counts:{windows[0].key}:pane-2"]
+    launch(instance, refired.run_requests)
     assert evaluate(sensor, instance, lake, refired.cursor).run_requests == []
 
 
@@ -160,11 +160,111 @@ def test_window_sensor_requests_a_final_pane_again_until_it_is_committed(
     assert done.run_requests == [] and json.loads(done.cursor)["pending"] == {}
 
 
-def launch(instance: dg.DagsterInstance, requests: list[dg.RunRequest]) -> list[dg.DagsterRun]:
+def test_window_sensor_asks_again_once_due_for_a_window_its_run_saw_still_open(
+    tmp_path: Path, instance: dg.DagsterInstance, pipeline: Pipeline
+) -> None:
+    lake = LakeResource(home=str(tmp_path / "home"))
+    sensor = build_window_sensor(pipeline, pipeline.outputs[0])
+    window = Window(BASE, BASE + 60_000)
+    checkpoints = open_source(pipeline, lake).checkpoints
+
+    def watermark_at(ms: int) -> None:
+        checkpoints.update(lambda _: SourceCheckpoint(
+            committed_batch=1, min_event_time_ms=BASE + 5_000, max_event_time_ms=BASE + 50_000,
+            watermark={"watermark_ms": ms}))
+
+    watermark_at(BASE + 100_000)
+    first = evaluate(sensor, instance, lake, None)
+    assert [r.run_key for r in first.run_requests] == [f"event_counts:{window.key}:final"]
+    # The checkpoint is restored from an older copy before the run reads it: the run finds the window open,
+    # materializes a provisional pane and succeeds. No attempt is used, and nothing is asked while it is not due.
+    watermark_at(BASE + 70_000)
+    launch(instance, first.run_requests, dg.DagsterRunStatus.SUCCESS)
+    waiting = evaluate(sensor, instance, lake, first.cursor)
+    assert waiting.run_requests == []
+    assert json.loads(waiting.cursor)["pending"][window.key]["attempts"] == 1
+    watermark_at(BASE + 100_000)  # realigned: due again
+    again = evaluate(sensor, instance, lake, waiting.cursor)
+    assert [r.run_key for r in again.run_requests] == [f"event_counts:{window.key}:final:2"]
+    assert json.loads(again.cursor)["pending"][window.key]["attempts"] == 1
+
+
+def test_window_sensor_tracks_a_refire_until_its_run_succeeds_and_refires_late_rows_of_a_pending_window(
+    tmp_path: Path, instance: dg.DagsterInstance, pipeline: Pipeline
+) -> None:
+    lake = LakeResource(home=str(tmp_path / "home"))
+    sensor = build_window_sensor(pipeline, pipeline.outputs[0])
+    window = Window(BASE, BASE + 60_000)
+    checkpoints = open_source(pipeline, lake).checkpoints
+    checkpoint = SourceCheckpoint(committed_batch=1, min_event_time_ms=BASE + 5_000, max_event_time_ms=BASE + 50_000,
+                                  watermark={"watermark_ms": BASE + 100_000}, recent_batches=[(1, BASE + 5_000)])
+    checkpoints.update(lambda _: checkpoint)
+    first = evaluate(sensor, instance, lake, None)
+    (final,) = launch(instance, first.run_requests)
+    # Late rows come in batch 2 while the final pane's run is running: it may have read raw before them.
+    checkpoint.committed_batch = 2
+    checkpoint.recent_batches.append((2, BASE + 7_000))
+    checkpoints.update(lambda _: checkpoint)
+    during = evaluate(sensor, instance, lake, first.cursor)
+    assert during.run_requests == [] and json.loads(during.cursor)["pending"][window.key]["again"] is True
+    close_and_publish(lake, window, pane=1)
+    instance.report_run_failed(final)  # committed, then died: the pane stands, the late rows get the next one
+    after = evaluate(sensor, instance, lake, during.cursor)
+    assert [r.run_key for r in after.run_requests] == [f"event_counts:{window.key}:pane-2:2"]
+
+    # That refire's run dies before closing pane 2: it is asked for again; once a run of it succeeds, done.
+    (refire,) = launch(instance, after.run_requests)
+    instance.report_run_failed(refire)
+    retried = evaluate(sensor, instance, lake, after.cursor)
+    assert [r.run_key for r in retried.run_requests] == [f"event_counts:{window.key}:pane-2:3"]
+    launch(instance, retried.run_requests, dg.DagsterRunStatus.SUCCESS)
+    done = evaluate(sensor, instance, lake, retried.cursor)
+    assert done.run_requests == [] and json.loads(done.cursor)["pending"] == {}
+
+
+def test_window_sensor_closes_windows_older_than_the_first_it_looked_at(
+    tmp_path: Path, instance: dg.DagsterInstance, pipeline: Pipeline
+) -> None:
+    lake = LakeResource(home=str(tmp_path / "home"))
+    sensor = build_window_sensor(pipeline, pipeline.outputs[0])
+    windows = [Window(BASE + i * 60_000, BASE + (i + 1) * 60_000) for i in range(4)]
+    checkpoints = open_source(pipeline, lake).checkpoints
+
+    def seen(min_window: int, watermark_ms: int) -> None:
+        checkpoints.update(lambda _: SourceCheckpoint(
+            committed_batch=1, min_event_time_ms=windows[min_window].start_ms + 1_000,
+            max_event_time_ms=windows[3].start_ms + 1_000, watermark={"watermark_ms": watermark_ms}))
+
+    # The first batch held window 2's rows only; the next, from a partition behind the others, window 1's.
+    seen(2, BASE)
+    first = evaluate(sensor, instance, lake, None)
+    assert first.run_requests == []
+    seen(1, windows[2].end_ms + 30_000)
+    due = evaluate(sensor, instance, lake, first.cursor)
+    assert [r.partition_key for r in due.run_requests] == [windows[1].key, windows[2].key]
+    launch(instance, due.run_requests)
+    # Window 2 was asked for when rows of window 0 come: window 0 is due as well, and asked for at once.
+    seen(0, windows[2].end_ms + 30_000)
+    older = evaluate(sensor, instance, lake, due.cursor)
+    assert [r.run_key for r in older.run_requests] == [f"event_counts:{windows[0].key}:final"]
+    assert set(json.loads(older.cursor)["pending"]) == {w.key for w in windows[:3]}
+
+
+def close_and_publish(lake: LakeResource, window: Window, pane: int) -> None:
+    CloseStore(lake.panes(), "event_counts").close(window, PaneClose(
+        window_start_ms=window.start_ms, pane=pane, timing="on_time", raw_version=3, max_batch_id=1,
+        watermark_ms=window.end_ms, closed_at_ms=window.end_ms))
+    publish_pane(CommitStore(lake.commits()), asset="event_counts", window=window, pane=pane, rows=[],
+                 schema=[("window_start", "TIMESTAMP"), ("pane", "INT64")], sink_root=None)
+
+
+def launch(
+    instance: dg.DagsterInstance, requests: list[dg.RunRequest], status: dg.DagsterRunStatus = dg.DagsterRunStatus.STARTED,
+) -> list[dg.DagsterRun]:
     """Runs for `requests`, started as the daemon would start them (their tags include the partition)."""
     return [
         create_run_for_test(
-            instance, job_name="__ASSET_JOB", status=dg.DagsterRunStatus.STARTED,
+            instance, job_name="__ASSET_JOB", status=status,
             tags={**r.tags, "dagster/partition": r.partition_key or "", "dagster/run_key": r.run_key or ""},
         )
         for r in requests

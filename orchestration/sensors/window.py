@@ -7,13 +7,21 @@ pipeline's `start_date` (no partition exists for it; the first window's metadata
 a batch whose oldest event falls into an already closed window requests that window's next pane
 (`<asset>:<window>:pane-<p>`); the materialization closes it only if late records are really there.
 
-A requested window stays on the cursor's `pending` list until its final pane is committed (closed, merged, and
-its commit sequence written). A window whose run failed or died without that is requested again, with a new run
-key per attempt (`<asset>:<window>:final:<k>`), up to `MAX_ATTEMPTS`; after that it stays pending, is named in
-every tick's log and in `onceflow status`, and waits for an operator (a backfill of that partition).
+A requested window stays on the cursor's `pending` list until the run asked for has done its part: a final pane
+is committed (closed, merged, and its commit sequence written); a refire run ended successfully (it found the late
+rows, or none). A window whose run failed or died first is requested again, with a new run key per attempt
+(`<asset>:<window>:final:<k>`, `...:pane-<p>:<k>`), up to `MAX_ATTEMPTS`; after that it stays pending, is named in
+every tick's log, and waits for an operator (a backfill of that partition). A final run that succeeded without
+closing the window saw an older watermark than the sensor did (the checkpoint was restored from an older copy in
+between): that is no failure, and the window is asked for again once the watermark passes it again. Late rows
+for a window still pending get it one more pane once its run has ended (that run may have read raw before them).
 
-The cursor holds the next window to close, the newest batch looked at for late data (both only grow) and the
-pending windows with their attempts.
+Rows older than every window looked at so far (a backlog read out of order: a Kafka partition or a file behind
+the others) move the first window back: if no window was asked for yet the scan starts there; if later windows
+were, those older ones are due too and are asked for at once, newest first across ticks when there are many.
+
+The cursor holds the first window looked at, the next window to close, the newest batch looked at for late data
+(the last two only grow) and the pending windows with their attempts.
 """
 
 import json
@@ -40,26 +48,47 @@ def final_pane_committed(closes: CloseStore, commits: CommitStore, asset: str, w
 
 def retry_requests(
     context: dg.SensorEvaluationContext, output: WindowedOutput, closes: CloseStore, commits: CommitStore,
-    pending: dict[str, int],
-) -> tuple[list[dg.RunRequest], dict[str, int], list[str]]:
-    """New requests for pending windows whose runs ended without committing the final pane; the pending windows
-    left; and what to tell the operator."""
+    pending: dict[str, dict], watermark_ms: int,
+) -> tuple[list[dg.RunRequest], dict[str, dict], list[str]]:
+    """New requests for pending windows whose runs ended without doing their part; the pending windows left; and
+    what to tell the operator. A pending entry is `{"attempts": n, "final": bool, "what": <run key part>}`, and
+    `"again": true` when late rows came for the window while it was pending."""
     requests, left, notes = [], {}, []
-    for key, attempts in pending.items():
+    for key, entry in pending.items():
+        entry = _pending_entry(entry)
         window = Window.from_partition_key(key, output.window_s)
-        if final_pane_committed(closes, commits, output.asset, window):
+        committed = entry["final"] and final_pane_committed(closes, commits, output.asset, window)
+        if committed and not entry.get("again"):
             continue
         runs = runs_tagged(context.instance, {"dagster/partition": key, "onceflow/window_asset": output.asset})
         if in_flight(context.instance, runs):
-            left[key] = attempts
-        elif attempts >= MAX_ATTEMPTS:
-            left[key] = attempts
-            notes.append(f"{key}: final pane not committed after {attempts} runs; backfill the partition to retry")
+            left[key] = entry
+            continue
+        succeeded = bool(runs) and runs[0].status == dg.DagsterRunStatus.SUCCESS
+        if committed or (succeeded and not entry["final"]):
+            if entry.get("again"):  # its run may have read raw before those late rows: one more pane
+                close = closes.latest(window)
+                what = f"pane-{close.pane + 1}" if close else "final"
+                left[key] = {"attempts": 1, "final": close is None, "what": what}
+                requests.append(_request(output, window, f"{what}:{len(runs) + 1}"))
+            continue
+        if succeeded:  # its run saw the window still open: ask again once it is due, no attempt used
+            left[key] = entry
+            if window.end_ms + output.allowed_lateness_s * 1000 <= watermark_ms:
+                requests.append(_request(output, window, f"{entry['what']}:{len(runs) + 1}"))
+        elif entry["attempts"] >= MAX_ATTEMPTS:
+            left[key] = entry
+            notes.append(f"{key}: not committed after {entry['attempts']} failed runs; backfill the partition")
         else:
-            left[key] = attempts + 1
-            notes.append(f"{key}: its run ended without committing the final pane; attempt {attempts + 1}")
-            requests.append(_request(output, window, f"final:{attempts + 1}"))
+            left[key] = {**entry, "attempts": entry["attempts"] + 1}
+            notes.append(f"{key}: its run ended without committing its pane; attempt {entry['attempts'] + 1}")
+            requests.append(_request(output, window, f"{entry['what']}:{len(runs) + 1}"))
     return requests, left, notes
+
+
+def _pending_entry(entry: dict | int) -> dict:
+    """A pending entry; a cursor written before refires were tracked holds a final pane's attempts alone."""
+    return {"attempts": entry, "final": True, "what": "final"} if isinstance(entry, int) else entry
 
 
 def _request(output: WindowedOutput, window: Window, what: str) -> dg.RunRequest:
@@ -89,9 +118,22 @@ def build_window_sensor(pipeline: Pipeline, output: WindowedOutput) -> dg.Sensor
         cursor = json.loads(context.cursor) if context.cursor else {}
         # Records before the pipeline's start date are valid (raw keeps them) but have no window partition.
         first_ms = first_window_start_ms(pipeline.start_date)
-        next_start = max(cursor.get("next_window_ms", Window.at(checkpoint.min_event_time_ms, size).start_ms), first_ms)
+        min_start = max(Window.at(checkpoint.min_event_time_ms, size).start_ms, first_ms)
+        next_start = max(cursor.get("next_window_ms", min_start), first_ms)
         closes, commits = CloseStore(lake.panes(), output.asset), CommitStore(lake.commits())
-        requests, pending, notes = retry_requests(context, output, closes, commits, cursor.get("pending", {}))
+        requests, pending, notes = retry_requests(
+            context, output, closes, commits, cursor.get("pending", {}), watermark
+        )
+        first_seen = cursor.get("first_window_ms", min_start)
+        if min_start < first_seen and next_start <= first_seen:  # none asked for yet: the scan starts earlier
+            next_start = first_seen = min_start
+        early = []  # rows older than every window asked for (a backlog read out of order): those windows are due
+        while min_start < first_seen and len(requests) + len(early) < MAX_REQUESTS:
+            first_seen -= size * 1000
+            early.insert(0, Window.at(first_seen, size))
+        for window in early:
+            requests.append(_request(output, window, "final"))
+            pending[window.key] = {"attempts": 1, "final": True, "what": "final"}
         window = Window.at(next_start, size)
         lateness_ms = output.allowed_lateness_s * 1000
         while (
@@ -100,7 +142,7 @@ def build_window_sensor(pipeline: Pipeline, output: WindowedOutput) -> dg.Sensor
             and window.end_ms + lateness_ms <= watermark
         ):
             requests.append(_request(output, window, "final"))
-            pending[window.key] = 1
+            pending[window.key] = {"attempts": 1, "final": True, "what": "final"}
             window = window.next()
         seen_batch = cursor.get("seen_batch", 0)
         if output.late_policy == "refire":
@@ -108,12 +150,17 @@ def build_window_sensor(pipeline: Pipeline, output: WindowedOutput) -> dg.Sensor
             late = Window.at(max(late_from, first_ms), size) if late_from is not None else None
             while late is not None and late.start_ms < next_start and len(requests) < MAX_REQUESTS:
                 close = closes.latest(late)
-                if close is not None:
-                    requests.append(_request(output, late, f"pane-{close.pane + 1}"))
+                if late.key in pending:  # its pending run may miss these rows: it is asked for again after
+                    pending[late.key] = {**pending[late.key], "again": True}
+                elif close is not None:
+                    what = f"pane-{close.pane + 1}"
+                    requests.append(_request(output, late, what))
+                    pending[late.key] = {"attempts": 1, "final": False, "what": what}
                 late = late.next()
         if notes:
             context.log.warning("; ".join(notes))
         cursor = {
+            "first_window_ms": first_seen,
             "next_window_ms": window.start_ms,
             "seen_batch": max(seen_batch, checkpoint.committed_batch),
             "pending": pending,

@@ -166,13 +166,18 @@ def _settle(stack: LocalStack, pipelines: list, threads: tuple, timeout_s: float
         if not waiting and not busy and not unpublished and not commits.unfinished():
             return
         _say(f"settling: messages waiting in {waiting or 'none'}, {len(busy)} runs, "
-             f"{len(unpublished)} windows not published, {len(commits.unfinished())} commit sequences pending")
+             f"{len(unpublished)} windows not published {unpublished[:4]}, "
+             f"{len(commits.unfinished())} commit sequences pending")
         time.sleep(10)
-    raise TimeoutError(f"did not settle within {timeout_s:.0f}s")
+    # What the window sensors hold: the next window, the pending ones with their attempts.
+    cursors = [f"{state.name}: {state.instigator_data.cursor}" for state in stack.instance.all_instigator_state()
+               if state.name.endswith("_window_sensor") and state.instigator_data is not None]
+    raise TimeoutError(f"did not settle within {timeout_s:.0f}s: {unpublished}\n" + "\n".join(cursors))
 
 
 def _unpublished(stack: LocalStack, pipelines: list, commits: CommitStore) -> list[str]:
-    """Windows holding raw rows whose final pane is not published (closed, committed, sequence done)."""
+    """Windows holding raw rows whose final pane is not published (closed, committed, sequence done), each with
+    where it stopped."""
     missing = []
     for pipeline in pipelines:
         raw = stack.lake.table_path(pipeline.raw_table)
@@ -182,11 +187,17 @@ def _unpublished(stack: LocalStack, pipelines: list, commits: CommitStore) -> li
             continue
         for output in pipeline.outputs:
             closes = CloseStore(stack.lake.panes(), output.asset)
-            for window in {Window.at(int(t.timestamp() * 1000), output.window_s) for t in times}:
+            windows = {Window.at(int(t.timestamp() * 1000), output.window_s) for t in times}
+            for window in sorted(windows, key=lambda w: w.start_ms):
                 close = closes.latest(window)
                 seq = close and sequence_id(output.asset, window.key, close.pane)
-                if not seq or commits.get(seq) is None or commits.state(seq).status != DONE:
-                    missing.append(f"{output.asset} {window.key}")
+                if not seq:
+                    missing.append(f"{output.asset} {window.key} (not closed)")
+                elif commits.get(seq) is None:
+                    missing.append(f"{output.asset} {window.key} (pane {close.pane} closed, no commit sequence)")
+                elif (state := commits.state(seq)).status != DONE:
+                    missing.append(f"{output.asset} {window.key} (pane {close.pane}: sequence {state.status}, "
+                                   f"{state.quarantine_reason or state.last_error or ''})")
     return missing
 
 
