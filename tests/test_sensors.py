@@ -140,9 +140,7 @@ def test_window_sensor_requests_a_final_pane_again_until_it_is_committed(
     # Its run fails twice (it closed the window, then died before the final pane was committed): the cursor
     # has moved past the window, and still the sensor asks again, under a new run key each time.
     cursor = first.cursor
-    CloseStore(lake.panes(), "event_counts").close(window, PaneClose(
-        window_start_ms=BASE, pane=1, timing="on_time", raw_version=3, max_batch_id=1, watermark_ms=BASE,
-        closed_at_ms=BASE))
+    close_pane(lake, window, pane=1)
     (run,) = launch(instance, first.run_requests)
     instance.report_run_failed(run)
     again = evaluate(sensor, instance, lake, cursor)
@@ -154,8 +152,7 @@ def test_window_sensor_requests_a_final_pane_again_until_it_is_committed(
 
     # Committed at last (the pane's publication written): nothing more is asked.
     launch(instance, third.run_requests)
-    publish_pane(CommitStore(lake.commits()), asset="event_counts", window=window, pane=1, rows=[],
-                 schema=[("window_start", "TIMESTAMP"), ("pane", "INT64")], sink_root=None)
+    publish(lake, window, pane=1)
     done = evaluate(sensor, instance, lake, third.cursor)
     assert done.run_requests == [] and json.loads(done.cursor)["pending"] == {}
 
@@ -251,9 +248,18 @@ def test_window_sensor_closes_windows_older_than_the_first_it_looked_at(
 
 
 def close_and_publish(lake: LakeResource, window: Window, pane: int) -> None:
+    close_pane(lake, window, pane)
+    publish(lake, window, pane)
+
+
+def close_pane(lake: LakeResource, window: Window, pane: int) -> None:
     CloseStore(lake.panes(), "event_counts").close(window, PaneClose(
         window_start_ms=window.start_ms, pane=pane, timing="on_time", raw_version=3, max_batch_id=1,
         watermark_ms=window.end_ms, closed_at_ms=window.end_ms))
+
+
+def publish(lake: LakeResource, window: Window, pane: int) -> None:
+    """The pane's publication written ahead: the last step of its run."""
     publish_pane(CommitStore(lake.commits()), asset="event_counts", window=window, pane=pane, rows=[],
                  schema=[("window_start", "TIMESTAMP"), ("pane", "INT64")], sink_root=None)
 
