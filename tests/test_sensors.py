@@ -174,7 +174,7 @@ def test_window_sensor_asks_again_once_due_for_a_window_its_run_saw_still_open(
     first = evaluate(sensor, instance, lake, None)
     assert [r.run_key for r in first.run_requests] == [f"event_counts:{window.key}:final"]
     # The checkpoint is restored from an older copy before the run reads it: the run finds the window open,
-    # materializes a provisional pane and succeeds. No attempt is used, and nothing is asked while it is not due.
+    # materializes a provisional pane and succeeds. Nothing is asked, and no attempt used, while it is not due.
     watermark_at(BASE + 70_000)
     launch(instance, first.run_requests, dg.DagsterRunStatus.SUCCESS)
     waiting = evaluate(sensor, instance, lake, first.cursor)
@@ -183,7 +183,7 @@ def test_window_sensor_asks_again_once_due_for_a_window_its_run_saw_still_open(
     watermark_at(BASE + 100_000)  # realigned: due again
     again = evaluate(sensor, instance, lake, waiting.cursor)
     assert [r.run_key for r in again.run_requests] == [f"event_counts:{window.key}:final:2"]
-    assert json.loads(again.cursor)["pending"][window.key]["attempts"] == 1
+    assert json.loads(again.cursor)["pending"][window.key]["attempts"] == 2
 
 
 def test_window_sensor_tracks_a_refire_until_its_run_succeeds_and_refires_late_rows_of_a_pending_window(

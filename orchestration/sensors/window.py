@@ -13,8 +13,9 @@ rows, or none). A window whose run failed or died first is requested again, with
 (`<asset>:<window>:final:<k>`, `...:pane-<p>:<k>`), up to `MAX_ATTEMPTS`; after that it stays pending, is named in
 every tick's log, and waits for an operator (a backfill of that partition). A final run that succeeded without
 closing the window saw an older watermark than the sensor did (the checkpoint was restored from an older copy in
-between): that is no failure, and the window is asked for again once the watermark passes it again. Late rows
-for a window still pending get it one more pane once its run has ended (that run may have read raw before them).
+between): while the watermark is behind the window again that is no failure, and the window is asked for again
+once the watermark passes it. Late rows for a window still pending get it one more pane once its run has ended
+(that run may have read raw before them).
 
 Rows older than every window looked at so far (a backlog read out of order: a Kafka partition or a file behind
 the others) move the first window back: if no window was asked for yet the scan starts there; if later windows
@@ -72,10 +73,8 @@ def retry_requests(
                 left[key] = {"attempts": 1, "final": close is None, "what": what}
                 requests.append(_request(output, window, f"{what}:{len(runs) + 1}"))
             continue
-        if succeeded:  # its run saw the window still open: ask again once it is due, no attempt used
-            left[key] = entry
-            if window.end_ms + output.allowed_lateness_s * 1000 <= watermark_ms:
-                requests.append(_request(output, window, f"{entry['what']}:{len(runs) + 1}"))
+        if succeeded and watermark_ms < window.end_ms + output.allowed_lateness_s * 1000:
+            left[key] = entry  # its run saw the window still open, as the sensor does now: wait, no attempt used
         elif entry["attempts"] >= MAX_ATTEMPTS:
             left[key] = entry
             notes.append(f"{key}: not committed after {entry['attempts']} failed runs; backfill the partition")
