@@ -87,7 +87,11 @@ def retry_requests(
 
 def _pending_entry(entry: dict | int) -> dict:
     """A pending entry; a cursor written before refires were tracked holds a final pane's attempts alone."""
-    return {"attempts": entry, "final": True, "what": "final"} if isinstance(entry, int) else entry
+    return _final_entry(entry) if isinstance(entry, int) else entry
+
+
+def _final_entry(attempts: int = 1) -> dict:
+    return {"attempts": attempts, "final": True, "what": "final"}
 
 
 def _request(output: WindowedOutput, window: Window, what: str) -> dg.RunRequest:
@@ -132,7 +136,7 @@ def build_window_sensor(pipeline: Pipeline, output: WindowedOutput) -> dg.Sensor
             early.insert(0, Window.at(first_seen, size))
         for window in early:
             requests.append(_request(output, window, "final"))
-            pending[window.key] = {"attempts": 1, "final": True, "what": "final"}
+            pending[window.key] = _final_entry()
         window = Window.at(next_start, size)
         lateness_ms = output.allowed_lateness_s * 1000
         while (
@@ -141,7 +145,7 @@ def build_window_sensor(pipeline: Pipeline, output: WindowedOutput) -> dg.Sensor
             and window.end_ms + lateness_ms <= watermark
         ):
             requests.append(_request(output, window, "final"))
-            pending[window.key] = {"attempts": 1, "final": True, "what": "final"}
+            pending[window.key] = _final_entry()
             window = window.next()
         seen_batch = cursor.get("seen_batch", 0)
         if output.late_policy == "refire":
