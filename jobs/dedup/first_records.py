@@ -1,7 +1,7 @@
 """Which record of a batch is kept for each record ID: the first in landing order (its `ordinal`).
 
 A batch's valid records are deduplicated on the driver from a few of their columns (`first_ids`) and the rest
-dropped in Spark by ordinal (`without_ordinals`); its dead letters, a handful, entirely in Spark (`first_per_id`).
+dropped in Spark by ordinal (`without_ordinals`); its dead letters alike (`onceflow.jobs.ingest.dead_letters`).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 
@@ -31,9 +31,3 @@ def without_ordinals(rows: DataFrame, ordinals: np.ndarray) -> DataFrame:
         members = np.unique(ordinals.astype(np.int64)).astype(">i8").tobytes()
         rows = rows.filter(F.call_function("onceflow_not_among", F.lit(bytearray(members)), F.col("ordinal")))
     return rows.drop("ordinal")
-
-
-def first_per_id(records: DataFrame) -> DataFrame:
-    """The first record of each ID, without the ordinal column."""
-    first = Window.partitionBy("record_id").orderBy("ordinal")
-    return records.withColumn("_rank", F.row_number().over(first)).filter("_rank = 1").drop("_rank", "ordinal")

@@ -111,3 +111,9 @@ def committed_metrics(spark: SparkSession, path: str, metadata: dict[str, Any], 
         raise RuntimeError(f"{path}: Delta skipped batch {batch} of {source} as committed, but no commit of it is in "
                            "the table's history")
     return dict(rows[0]["operationMetrics"])
+
+
+def rows_appended(metrics: dict[str, str]) -> int:
+    """The rows an append's commit added, by Spark's name for them or delta-rs's (whose `write_deltalake` commits
+    with its own metrics: `onceflow.jobs.delta.arrow_append`)."""
+    return int(metrics.get("numOutputRows", metrics.get("num_added_rows", 0)))

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
 
-from onceflow.jobs.delta.commit_log import committed_metrics, holds_batch
+from onceflow.jobs.delta.commit_log import committed_metrics, holds_batch, rows_appended
 from onceflow.jobs.delta.transactions import append_once, delta_transaction, is_concurrent_commit
 from onceflow.jobs.sources.checkpoint import BatchPlan
 from onceflow.jobs.sources.reader import SourceRuntime
@@ -99,5 +99,5 @@ def commit_once(
 def _done_before(spark: SparkSession, path: str, metadata: dict, lost_race: bool) -> Written:
     """The batch as the commit that holds it did it: nothing written by this attempt."""
     metrics = committed_metrics(spark, path, metadata)
-    inserted = int(metrics.get("numTargetRowsInserted", metrics.get("numOutputRows", 0)))
+    inserted = int(metrics["numTargetRowsInserted"]) if "numTargetRowsInserted" in metrics else rows_appended(metrics)
     return Written(inserted, replayed=True, lost_race=lost_race)

@@ -5,10 +5,10 @@ dead-letter rows with a reason) in one Spark action that caches the batch, and d
 (decided on the driver from a few of its columns). Then, with the ID filters (`onceflow.jobs.dedup.id_filters`, the fast path),
 look up only the IDs they cannot rule out and append the rest (`onceflow.jobs.delta.transactions.append_once`); without them,
 `MERGE INTO raw ... ON record_id ... WHEN NOT MATCHED THEN INSERT` with a partition predicate that bounds the
-lookup to the dedup horizon. Dead letters are MERGEd into the dead-letter table on their record ID, so a bad record
-redelivered in a later batch is held once. Every commit carries the SetTransaction `(app id, batch id)`, so
-replaying a committed batch changes nothing; a concurrent attempt at the same batch that commits first makes this
-one a replay.
+lookup to the dedup horizon. Dead letters are appended to the dead-letter table unless it holds their record ID
+(`onceflow.jobs.ingest.dead_letters`), so a bad record redelivered in a later batch is held once. Every commit
+carries the SetTransaction `(app id, batch id)`, so replaying a committed batch changes nothing; a concurrent
+attempt at the same batch that commits first makes this one a replay.
 
 What a batch did is counted from independent facts where there are some: `landed` comes from the landing
 (Parquet metadata or the planned files' lines), `inserted` and `dead_lettered_new` from the Delta commits' own
@@ -28,7 +28,7 @@ from pyspark.sql import DataFrame, SparkSession
 from onceflow.jobs.declare.record_contract import RecordContract
 from onceflow.jobs.declare.schema import quoted
 from onceflow.jobs.dedup.filter_store import IdFilterStore
-from onceflow.jobs.dedup.first_records import first_ids, first_per_id, without_ordinals
+from onceflow.jobs.dedup.first_records import first_ids, without_ordinals
 from onceflow.jobs.dedup.id_filters import IdFilters, committed_among, id_hashes
 from onceflow.jobs.dedup.log_ids import remember_commit_ids
 from onceflow.jobs.delta.commit_log import ATTEMPT_KEY, own_commit_version
@@ -41,6 +41,8 @@ from onceflow.jobs.delta.transactions import (
     table_properties,
 )
 from onceflow.jobs.ingest.batch_commit import Written, append_new, commit_once, merge_once
+from onceflow.jobs.ingest.dead_letters import COLUMNS as DEAD_LETTER_COLUMNS
+from onceflow.jobs.ingest.dead_letters import commit_dead_letters
 from onceflow.jobs.ingest.result import IngestResult
 from onceflow.jobs.ingest.validation import classify
 from onceflow.jobs.sources.checkpoint import BatchPlan
@@ -81,9 +83,10 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
         "CASE WHEN reason IS NOT NULL THEN coalesce(payload, base64(data)) END AS raw",
     ).cache()
     try:
-        # One Spark action reads, validates and caches the batch; what the counts need comes back in a few columns.
+        # One Spark action reads, validates and caches the batch; what the counts need comes back in a few columns,
+        # and the dead letters whole.
         slim = classified.selectExpr(
-            "reason", "record_id", "ordinal", "unix_millis(event_time) AS t", "time_bucket"
+            "reason", "record_id", "ordinal", "unix_millis(event_time) AS t", "time_bucket", *DEAD_LETTER_COLUMNS
         ).toArrow()
         if begun is not None:
             begun.result()  # the tables exist from here on
@@ -91,11 +94,7 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
         if result.min_event_time_ms is not None:  # and its event times, for the watermark and the windows
             metadata[EVENT_TIMES_KEY] = [result.min_event_time_ms, result.max_event_time_ms]
         if result.dead_lettered:
-            dead = classified.filter("reason IS NOT NULL").selectExpr(
-                "source_position", "raw", "reason", "detail",
-                "record_id", "event_time", "batch_id", ingested_at, "ordinal",
-            )
-            written = merge_once(spark, source, plan, first_per_id(dead), source.dead_letter_path, "", metadata)
+            written = commit_dead_letters(spark, source, plan, slim.filter(pc.is_valid(slim["reason"])), metadata)
             result.dead_lettered_new = written.inserted
         # Dead letters commit first, raw last: a batch is committed once raw holds it (`micro_batch.lake_batch`).
         crash_point("ingest.after_dead_letters")

@@ -33,6 +33,7 @@ from pyspark.sql import functions as F
 
 from onceflow.jobs.declare.declaration import WindowedOutput
 from onceflow.jobs.declare.record_contract import RecordContract
+from onceflow.jobs.delta.commit_log import rows_appended
 from onceflow.jobs.publish.commit_records import DONE
 from onceflow.jobs.publish.commit_store import CommitStore
 from onceflow.jobs.publish.pane_sequence import pane_prefix
@@ -212,7 +213,7 @@ def _inserted_by_commits(path: str) -> int | None:
         if operation == "MERGE":
             total += int(metrics.get("numTargetRowsInserted", 0)) - int(metrics.get("numTargetRowsDeleted", 0))
         elif operation == "WRITE":
-            total += int(metrics.get("numOutputRows", 0))
+            total += rows_appended(metrics)
         elif operation not in ("CREATE TABLE", "OPTIMIZE", "VACUUM START", "VACUUM END", "SET TBLPROPERTIES"):
             return None  # something else changed the table: the metrics no longer add up to its rows
     return total

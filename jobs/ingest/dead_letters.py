@@ -1,0 +1,59 @@
+"""A batch's dead letters into the dead-letter table: each record ID held once, as the transaction `(app id, batch)`.
+
+The batch's one Spark action brings its dead letters to the driver whole (they are few; the valid records' columns
+there are a few narrow ones), so what to keep is decided there: the first record of each ID, unless the table holds
+the ID already (a bad record redelivered in a later batch). delta-rs appends them on the table version that lookup
+read, and any commit since fails the append, which is then decided again: the outcome of an insert-only MERGE on
+the record ID, without the MERGE's Spark jobs and its scan of the whole table by Spark on every batch.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+from pyspark.sql import SparkSession
+
+from onceflow.jobs.dedup.first_records import first_ids
+from onceflow.jobs.delta.arrow_append import append_arrow_once
+from onceflow.jobs.ingest.batch_commit import Written, commit_once
+from onceflow.jobs.sources.checkpoint import BatchPlan
+from onceflow.jobs.sources.reader import SourceRuntime
+from onceflow.resources.delta_storage import delta_table
+
+COLUMNS = ("CASE WHEN reason IS NOT NULL THEN source_position END AS source_position", "raw", "detail")
+"""What the batch's driver-side columns (`reason, record_id, ordinal, t, time_bucket`) add for its dead letters:
+NULL for every valid record."""
+
+
+def commit_dead_letters(
+    spark: SparkSession, source: SourceRuntime, plan: BatchPlan, dead: pa.Table, metadata: dict
+) -> Written:
+    """Append the batch's dead letters (`dead`: the rows of its driver-side columns whose `reason` is set) whose IDs
+    the table does not hold, the first of each ID."""
+    firsts, _ = first_ids(dead)
+    dead = dead.filter(pc.is_in(dead["ordinal"], value_set=firsts["ordinal"]))
+    size = dead.num_rows
+    rows = pa.table({
+        "source_position": dead["source_position"], "raw": dead["raw"], "reason": dead["reason"],
+        "detail": dead["detail"], "record_id": dead["record_id"],
+        "event_time": pc.multiply(dead["t"], 1000).cast(pa.timestamp("us", tz="UTC")),
+        "batch_id": pa.array([plan.batch_id] * size, pa.int64()),
+        "ingested_at": pa.array([plan.planned_at_ms * 1000] * size, pa.timestamp("us", tz="UTC")),
+    })
+    path = source.dead_letter_path
+
+    def append() -> int | None:
+        table = delta_table(path)
+        new = rows.filter(pc.invert(pc.is_in(rows["record_id"], value_set=held_among(table, rows["record_id"]))))
+        return new.num_rows if append_arrow_once(table, new, source.app_id, plan.batch_id, metadata) else None
+
+    return commit_once(spark, source, plan, path, metadata, append)
+
+
+def held_among(table: DeltaTable, ids: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """Which of `ids` `table` holds: its record IDs read straight from its files (delta-rs and pyarrow, no Spark),
+    one column, keeping only those among `ids`."""
+    wanted = ids.cast(pa.string()).unique().to_pylist()
+    found = table.to_pyarrow_table(columns=["record_id"], filters=[("record_id", "in", wanted)])
+    return found["record_id"].combine_chunks()
