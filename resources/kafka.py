@@ -8,6 +8,7 @@ last stable offset: nothing below it belongs to a transaction still open.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -17,6 +18,8 @@ from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 TIMEOUT_S = 30.0
+CONSUME_BATCH = 1000
+CONSUME_WAIT_S = 0.05
 
 
 class KafkaTopicMissing(RuntimeError):
@@ -95,23 +98,22 @@ class KafkaClient:
 
 
 def _read_range(consumer: Consumer, topic: str, partition: int, start: int, until: int) -> Iterator[KafkaRecord]:
-    tp = TopicPartition(topic, partition, start)
-    consumer.assign([tp])
-    while True:
-        # The position passes aborted records and transaction markers without returning them.
-        if consumer.position([TopicPartition(topic, partition)])[0].offset >= until:
-            return
-        message = consumer.poll(TIMEOUT_S)
-        if message is None:
+    consumer.assign([TopicPartition(topic, partition, start)])
+    deadline = time.monotonic() + TIMEOUT_S
+    # The position passes aborted records and transaction markers without returning them.
+    while consumer.position([TopicPartition(topic, partition)])[0].offset < until:
+        # Many at a time (one call per record is slow); `consume` waits for all of them or the timeout, so it is short.
+        messages = consumer.consume(CONSUME_BATCH, CONSUME_WAIT_S)
+        if messages:
+            deadline = time.monotonic() + TIMEOUT_S
+        elif time.monotonic() > deadline:
             raise TimeoutError(f"Kafka {topic}/{partition}: no record below offset {until} within {TIMEOUT_S}s")
-        error = message.error()
-        if error is not None:
-            if error.code() == KafkaError._PARTITION_EOF:
-                if message.offset() >= until:
-                    return
-                continue
-            raise KafkaException(error)
-        if message.offset() >= until:
-            return
-        yield KafkaRecord(partition, message.offset(), message.timestamp()[1], message.key(), message.value(),
-                          tuple(message.headers() or ()))
+        for message in messages:
+            error = message.error()
+            if error is not None and error.code() != KafkaError._PARTITION_EOF:
+                raise KafkaException(error)
+            if message.offset() >= until:
+                return
+            if error is None:
+                yield KafkaRecord(partition, message.offset(), message.timestamp()[1], message.key(),
+                                  message.value(), tuple(message.headers() or ()))

@@ -18,7 +18,7 @@ metrics; `balances()` checks them against the classification.
 from __future__ import annotations
 
 import uuid
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
@@ -52,6 +52,7 @@ from onceflow.jobs.sources.reader import SourceRuntime
 from onceflow.resources.faults import crash_point
 
 EVENT_TIMES_KEY = "onceflow_event_times"
+_counter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onceflow-landed-count")
 
 
 def ensure_tables(source: SourceRuntime) -> None:
@@ -61,12 +62,15 @@ def ensure_tables(source: SourceRuntime) -> None:
 
 def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, landed: DataFrame) -> IngestResult:
     """Commit one landed batch to the raw and dead-letter tables, exactly once (or at least once)."""
+    # The landing's own count (an independent fact) is read beside the batch's first Spark job: from a Kafka source
+    # it is a second read of every record.
+    counted = _counter.submit(source.reader.landed_count, plan)
     # Made (on a first batch) and the append's transaction begun beside the batch's first Spark job.
     begun = begin_append(spark, source.raw_path, lambda: ensure_tables(source))
     if begun is None:
         ensure_tables(source)
     pipeline = source.pipeline
-    result = IngestResult(batch_id=plan.batch_id, landed=source.reader.landed_count(plan))
+    result = IngestResult(batch_id=plan.batch_id)
     ingested_at = "timestamp_millis(_ingested_ms) AS ingested_at"
     # The plan travels in the commit: a checkpoint restored from an old copy loses plans, the lake keeps them.
     # The attempt's id tells which of two concurrent attempts at the batch made the commit that holds it.
@@ -90,6 +94,7 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
         ).toArrow()
         if begun is not None:
             begun.result()  # the tables exist from here on
+        result.landed = counted.result()  # before anything commits: a landing that cannot be counted stops the batch
         _summarize(slim, result)
         if result.min_event_time_ms is not None:  # and its event times, for the watermark and the windows
             metadata[EVENT_TIMES_KEY] = [result.min_event_time_ms, result.max_event_time_ms]

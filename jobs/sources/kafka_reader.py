@@ -169,7 +169,8 @@ class KafkaReader:
 
     def landed_count(self, plan: BatchPlan) -> int:
         if plan.batch_id not in self._counts:
-            self._counts = {plan.batch_id: sum(1 for _ in self._records(plan)) + len(plan.lost)}
+            records = self.client.records(self.source.topic, list(plan.offsets))  # counted as read, none kept
+            self._counts = {plan.batch_id: sum(1 for _ in records) + len(plan.lost)}
         return self._counts[plan.batch_id]
 
     def landed_rows(self, plan: BatchPlan) -> list[LandedRow]:
