@@ -7,6 +7,7 @@ import json
 import subprocess
 import threading
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import dagster as dg
@@ -19,6 +20,7 @@ from onceflow.jobs.delta.commit_log import committed_batch
 from onceflow.jobs.ingest.micro_batch import run_micro_batch
 from onceflow.jobs.sources.reader import SourceRuntime, open_source
 from onceflow.orchestration.workload import Event, expected_raw, make_events
+from onceflow.resources.delta_storage import delta_table
 from onceflow.resources.files import FileChangedError
 from onceflow.resources.lake import LakeResource
 from tests.delta_reader import read_rows
@@ -26,10 +28,11 @@ from tests.pipelines import builtin, dagster_micro_batch, drain, events_from_fil
 
 RAW = ["record_id", "event_time", "key", "value"]
 START_MS = 1_763_720_000_000
+MICROS_TIME = datetime.fromtimestamp(START_MS / 1000, UTC) + timedelta(microseconds=123_456)
 BAD_LINES = [
     ("not_json", "{not json"),
     ("not_json", ' \t[{"event_id": "f-bad-0"}]'),
-    ("missing_field", json.dumps({"event_id": "f-bad-1", "event_time": START_MS, "value": 1})),
+    ("missing_field", json.dumps({"event_id": "f-bad-1", "event_time": MICROS_TIME.isoformat(), "value": 1})),
     ("wrong_type", json.dumps({"event_id": "f-bad-2", "event_time": START_MS, "key": "k", "value": [1]})),
     ("bad_event_time", json.dumps({"event_id": "f-bad-3", "event_time": "soon", "key": "k", "value": 1})),
     ("missing_event_time", json.dumps({"event_id": "f-bad-4", "key": "k", "value": 1})),
@@ -80,6 +83,13 @@ def test_files_land_exactly_once_with_dead_letters(spark: SparkSession, incoming
     dead = read_rows(source.dead_letter_path, ["reason", "detail"])
     assert sorted(r[0] for r in dead) == sorted(r for r, _ in BAD_LINES)
     assert ("not_json", "payload is JSON ARRAY<OBJECT<event_id: STRING>>, not an object") in dead
+    # A dead letter is kept whole: its line, where it was, its event time to the microsecond, its batch.
+    line = BAD_LINES[2][1]
+    held = [r for r in delta_table(source.dead_letter_path).to_pyarrow_table().to_pylist() if r["record_id"] == "f-bad-1"]
+    offset = (incoming / "b.jsonl").read_bytes().index(line.encode())
+    assert [(r["raw"], r["source_position"], r["event_time"], r["batch_id"]) for r in held] == [
+        (line, f"b.jsonl:{offset}", MICROS_TIME, results[0].batch_id)
+    ]
     assert sum(r.received for r in results) == 310 + len(BAD_LINES)
     assert sum(r.duplicates for r in results) == 10 and all(r.balances() for r in results)
     # Values unique to a record are stored plain: a Parquet dictionary of them only costs (onceflow.resources.spark).

@@ -21,7 +21,8 @@ from onceflow.jobs.sources.checkpoint import BatchPlan
 from onceflow.jobs.sources.reader import SourceRuntime
 from onceflow.resources.delta_storage import delta_table
 
-COLUMNS = ("CASE WHEN reason IS NOT NULL THEN source_position END AS source_position", "raw", "detail")
+COLUMNS = ("CASE WHEN reason IS NOT NULL THEN source_position END AS source_position", "raw", "detail",
+           "CASE WHEN reason IS NOT NULL THEN event_time END AS event_time")
 """What the batch's driver-side columns (`reason, record_id, ordinal, t, time_bucket`) add for its dead letters:
 NULL for every valid record."""
 
@@ -37,7 +38,7 @@ def commit_dead_letters(
     rows = pa.table({
         "source_position": dead["source_position"], "raw": dead["raw"], "reason": dead["reason"],
         "detail": dead["detail"], "record_id": dead["record_id"],
-        "event_time": pc.multiply(dead["t"], 1000).cast(pa.timestamp("us", tz="UTC")),
+        "event_time": dead["event_time"],
         "batch_id": pa.array([plan.batch_id] * size, pa.int64()),
         "ingested_at": pa.array([plan.planned_at_ms * 1000] * size, pa.timestamp("us", tz="UTC")),
     })
