@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -38,6 +39,11 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 ENGINE = os.environ.get("ONCEFLOW_TEST_ENGINE", "connect")
 if ENGINE not in ("connect", "classic"):
     raise ValueError(f"ONCEFLOW_TEST_ENGINE={ENGINE!r}: expected connect or classic")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest tests first: a worker that draws one late would run on alone while the other idles."""
+    items.sort(key=lambda item: item.get_closest_marker("longest") is None)
 
 
 def require(condition: bool, what: str) -> None:
@@ -148,6 +154,20 @@ def bigquery_client(bigquery_emulator: BigQueryEmulator) -> Iterator[bigquery.Cl
     client = bigquery_emulator.client()
     yield client
     client.close()
+
+
+@pytest.fixture
+def user_package() -> Iterator[str]:
+    """The name of a user's package, `my_project`, that a test writes and imports: forgotten before and after,
+    since Python keeps an imported package for the whole process and a later test in it would get this one."""
+
+    def forget() -> None:
+        for name in [n for n in sys.modules if n == "my_project" or n.startswith("my_project.")]:
+            del sys.modules[name]
+
+    forget()
+    yield "my_project"
+    forget()
 
 
 @pytest.fixture

@@ -3,9 +3,7 @@ own loader (`dg.load_from_defs_folder`, what a `dg` project's definitions module
 
 from __future__ import annotations
 
-import sys
 import textwrap
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -21,11 +19,13 @@ PIPELINES_MODULE = "from tests.user_pipelines import clicks\n\nPIPELINES = [clic
 
 
 @pytest.fixture
-def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spark_connect: SparkConnectServer, home: Path) -> Iterator[Path]:
+def project(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spark_connect: SparkConnectServer, home: Path, user_package: str
+) -> Path:
     """A `dg` project, `my_project`, as `dg scaffold project` lays it out, with a pipelines module; its
     `defs/onceflow/defs.yaml` is each test's to write."""
-    root = tmp_path / "my_project"
-    package = root / "src" / "my_project"
+    root = tmp_path / user_package
+    package = root / "src" / user_package
     (package / "defs" / "onceflow").mkdir(parents=True)
     (root / "pyproject.toml").write_text(textwrap.dedent("""\
         [project]
@@ -43,9 +43,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spark_connect: Spar
     (package / "defs" / "__init__.py").write_text("")
     (package / "onceflow_pipelines.py").write_text(PIPELINES_MODULE)
     monkeypatch.syspath_prepend(str(root / "src"))
-    yield root
-    for name in [n for n in sys.modules if n == "my_project" or n.startswith("my_project.")]:
-        del sys.modules[name]
+    return root
 
 
 def write_defs(project: Path, attributes: str) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -120,16 +119,16 @@ def test_declaration_table_lists_every_field_a_pipeline_declares() -> None:
     assert listed == declared
 
 
-def test_add_your_own_pipeline_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_add_your_own_pipeline_runs_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, user_package: str
+) -> None:
     blocks = re.findall(r"```python\n(.*?)```", section(README.read_text(), "## Add your own pipeline"), re.S)
     declaration, definitions = (_dedent(block) for block in blocks[:2])
-    package = tmp_path / "my_project"
+    package = tmp_path / user_package
     package.mkdir()
     (package / "__init__.py").write_text("")
     (package / "pipelines.py").write_text(declaration)
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "my_project", raising=False)
-    monkeypatch.delitem(sys.modules, "my_project.pipelines", raising=False)
 
     # The bundled code location's way: ONCEFLOW_PIPELINES names the module, its PIPELINES list is loaded.
     settings = Settings(

@@ -25,6 +25,7 @@ from tests.conftest import require
 
 
 @pytest.mark.slow
+@pytest.mark.longest
 @pytest.mark.timeout(1800)
 def test_exactly_once_under_overlapping_faults(engine_path: str) -> None:
     _short_run(engine_path, "local")
