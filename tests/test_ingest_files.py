@@ -20,7 +20,6 @@ from onceflow.jobs.delta.commit_log import committed_batch
 from onceflow.jobs.ingest.micro_batch import run_micro_batch
 from onceflow.jobs.sources.reader import SourceRuntime, open_source
 from onceflow.orchestration.workload import Event, expected_raw, make_events
-from onceflow.resources.delta_storage import delta_table
 from onceflow.resources.files import FileChangedError
 from onceflow.resources.lake import LakeResource
 from tests.delta_reader import read_rows
@@ -85,11 +84,9 @@ def test_files_land_exactly_once_with_dead_letters(spark: SparkSession, incoming
     assert ("not_json", "payload is JSON ARRAY<OBJECT<event_id: STRING>>, not an object") in dead
     # A dead letter is kept whole: its line, where it was, its event time to the microsecond, its batch.
     line = BAD_LINES[2][1]
-    held = [r for r in delta_table(source.dead_letter_path).to_pyarrow_table().to_pylist() if r["record_id"] == "f-bad-1"]
+    whole = read_rows(source.dead_letter_path, ["record_id", "raw", "source_position", "event_time", "batch_id"])
     offset = (incoming / "b.jsonl").read_bytes().index(line.encode())
-    assert [(r["raw"], r["source_position"], r["event_time"], r["batch_id"]) for r in held] == [
-        (line, f"b.jsonl:{offset}", MICROS_TIME, results[0].batch_id)
-    ]
+    assert [r[1:] for r in whole if r[0] == "f-bad-1"] == [(line, f"b.jsonl:{offset}", MICROS_TIME, results[0].batch_id)]
     assert sum(r.received for r in results) == 310 + len(BAD_LINES)
     assert sum(r.duplicates for r in results) == 10 and all(r.balances() for r in results)
     # Values unique to a record are stored plain: a Parquet dictionary of them only costs (onceflow.resources.spark).
