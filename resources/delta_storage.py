@@ -3,6 +3,9 @@ options its scheme needs (`onceflow.resources.gcs`); and pyarrow's, for reading 
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
+from typing import Any
 from urllib.parse import urlsplit
 
 import pyarrow.fs as pafs
@@ -34,3 +37,70 @@ def table_files(uri: str) -> tuple[pafs.FileSystem, str]:
     emulator = urlsplit(host)
     files = pafs.GcsFileSystem(anonymous=True, scheme=emulator.scheme, endpoint_override=emulator.netloc)
     return files, uri.removeprefix("gs://")
+
+
+
+class _Held:
+    """A table this thread read at its newest version, and the stamp of that version's commit file (its size and
+    modification time, or its GCS generation): a table re-created or restored at the same path shows another."""
+
+    def __init__(self, table: DeltaTable, stamp: tuple[int, int | None]) -> None:
+        self.table, self.stamp = table, stamp
+
+
+_held = threading.local()
+_HELD_TABLES = 16
+
+
+def table_snapshot(uri: str, version: int | None = None) -> DeltaTable:
+    """The table at `uri` at `version` (else its newest), as `delta_table` gives it, for reading only: a caller
+    never writes through it (a write moves a delta-rs table to its own commit, under every other holder).
+
+    A batch asks the same tables about their log a dozen times (its app id's batch, a commit's metadata, the
+    newest version), and delta-rs reads the log anew each time a table is opened: several requests on object
+    storage, and more as commits pile up between checkpoints. The table last read at its newest version is kept
+    per thread (a thread's readers never share one with another thread) and given again while its commit file
+    is unchanged and no later one exists: one look at the log (a listing from that commit on, on GCS) instead of
+    a reading of it.
+    """
+    tables: OrderedDict[str, _Held] = _held.__dict__.setdefault("tables", OrderedDict())
+    held = tables.get(uri)
+    if held is not None and version in (None, held.table.version()):
+        stamp, newer = _log_from(uri, held.table.version())
+        if stamp == held.stamp and not (version is None and newer):
+            tables.move_to_end(uri)
+            return held.table
+    table = delta_table(uri, version)
+    if version is None and (stamp := _log_from(uri, table.version())[0]) is not None:
+        tables[uri] = _Held(table, stamp)
+        tables.move_to_end(uri)
+        while len(tables) > _HELD_TABLES:
+            tables.popitem(last=False)
+    return table
+
+
+def _log_from(uri: str, version: int) -> tuple[tuple[int, int | None] | None, bool]:
+    """The stamp of commit `version`'s file in the table's log (None if there is none), and whether the log has a
+    later commit."""
+    if not is_gcs(uri):
+        log = f"{uri.removeprefix('file://').rstrip('/')}/_delta_log"
+        this, after = pafs.LocalFileSystem().get_file_info([f"{log}/{version:020d}.json", f"{log}/{version + 1:020d}.json"])
+        stamp = (this.size, this.mtime_ns) if this.type == pafs.FileType.File else None
+        return stamp, after.type != pafs.FileType.NotFound
+    bucket, _, prefix = uri.removeprefix("gs://").partition("/")
+    log = f"{prefix.strip('/')}/_delta_log/" if prefix.strip("/") else "_delta_log/"
+    first = f"{log}{version:020d}.json"
+    # Names sort as versions: from this commit's file on come later versions' files (commits, checkpoints,
+    # checksums), then `_last_checkpoint` and the like, whose names start after the digits.
+    found = list(_storage_client().list_blobs(bucket, prefix=log, start_offset=first, max_results=2))
+    stamp = (found[0].generation, None) if found and found[0].name == first else None
+    return stamp, any(b.name[len(log):len(log) + 20].isdigit() for b in found if b.name != first)
+
+
+def _storage_client() -> Any:
+    """This thread's Google Cloud Storage client (the emulator's when `STORAGE_EMULATOR_HOST` is set)."""
+    if "client" not in _held.__dict__:
+        from google.cloud import storage
+
+        _held.client = storage.Client()
+    return _held.client

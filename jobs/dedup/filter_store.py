@@ -19,7 +19,7 @@ from onceflow.jobs.dedup.id_filters import (
     id_hashes,
 )
 from onceflow.jobs.dedup.log_ids import ids_added_since
-from onceflow.resources.delta_storage import delta_table
+from onceflow.resources.delta_storage import table_snapshot
 from onceflow.resources.object_store import ObjectStore
 
 log = logging.getLogger("onceflow")
@@ -50,7 +50,7 @@ class IdFilterStore:
 
     def load(self, floor_bucket: int | None) -> IdFilters:
         """The filters, caught up to the table's current version (rebuilt from the table when unusable)."""
-        table = delta_table(self.table_path)
+        table = table_snapshot(self.table_path)
         latest, table_id = table.version(), table.metadata().id
         filters = self._read(floor_bucket, table_id)
         if filters is None or filters.version > latest:
@@ -143,7 +143,7 @@ class IdFilterStore:
 
     def _filled(self, version: int, where: list | None) -> dict[int, BucketFilter]:
         """Filters filled from the table's rows at `version` (those matching `where`), sized with room to grow."""
-        ids = delta_table(self.table_path, version=version).to_pyarrow_table(
+        ids = table_snapshot(self.table_path, version=version).to_pyarrow_table(
             columns=["record_id", "time_bucket"], filters=where
         )
         buckets = ids["time_bucket"].to_numpy()

@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 from pydantic import BaseModel
 
 from onceflow.jobs.dedup.log_ids import recent_ids
-from onceflow.resources.delta_storage import delta_table
+from onceflow.resources.delta_storage import table_snapshot
 
 SCHEME = "siphash24-onceflow1/blocked64x5x2"
 """Names the hashing and layout; filters written under another scheme are rebuilt, never trusted."""
@@ -169,7 +169,7 @@ def committed_among(
     if isinstance(candidates, pa.ChunkedArray):
         candidates = candidates.combine_chunks()
     candidates = candidates.cast(pa.string())  # the type of the table's IDs as read back
-    table = delta_table(table_path, version=filters.version)
+    table = table_snapshot(table_path, version=filters.version)
     try:
         recent = pa.chunked_array([ids.cast(pa.string()) for ids in recent_ids(table, filters.version)], pa.string())
     except FileNotFoundError:

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
-from onceflow.resources.delta_storage import delta_table, table_files
+from onceflow.resources.delta_storage import table_files, table_snapshot
 
 RECENT_COMMITS = 8
 RECENT_ROWS = 1_000_000
@@ -45,7 +45,7 @@ def recent_ids(table: DeltaTable, version: int) -> list[pa.Array]:
 
 def remember_commit_ids(path: str, version: int, ids: pa.Array | pa.ChunkedArray) -> None:
     """Keep `ids` as the record IDs that commit `version` of the table at `path` added: its writer knows them."""
-    _keep((delta_table(path).metadata().id, version), ids)
+    _keep((table_snapshot(path).metadata().id, version), ids)
 
 
 def _ids_of_commit(table: DeltaTable, table_id: str, version: int, adds: list[dict]) -> pa.Array:

@@ -12,7 +12,7 @@ from deltalake.exceptions import TableNotFoundError
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from onceflow.resources.delta_storage import delta_table
+from onceflow.resources.delta_storage import table_snapshot
 
 ATTEMPT_KEY = "onceflow_attempt"
 """Commit metadata naming the attempt that wrote the commit: which of two concurrent attempts at one batch won."""
@@ -34,7 +34,7 @@ def committed_batch(path: str, app_id: str) -> int | None:
     Read with delta-rs straight from the log: no Spark session needed, and the same on every replay.
     """
     try:
-        return delta_table(path).transaction_version(app_id)
+        return table_snapshot(path).transaction_version(app_id)
     except TableNotFoundError:
         return None
 
@@ -56,7 +56,7 @@ def committed_metadata(
     the table holds no commit of (yet, or any more) is absent."""
     wanted, found = set(versions), {}
     try:
-        history = delta_table(path).history(lookback) if wanted else []
+        history = table_snapshot(path).history(lookback) if wanted else []
     except TableNotFoundError:
         return found
     for commit in history:
@@ -83,7 +83,7 @@ def committing_attempt(path: str, app_id: str, version: int) -> str | None:
 def own_commit_version(path: str, metadata: dict[str, Any], after: int) -> int:
     """The version of the commit that carried `metadata` when it is the one right after version `after`, else
     `after`: the newest version up to which this writer knows every commit."""
-    table = delta_table(path)
+    table = table_snapshot(path)
     if table.version() != after + 1:
         return after
     last = table.history(1)[0]

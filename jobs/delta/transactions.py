@@ -31,7 +31,7 @@ from pyspark.sql import types as T
 
 from onceflow.jobs.delta.commit_log import ATTEMPT_KEY, committing_attempt, holds_batch
 from onceflow.jobs.delta.schema_evolution import conform
-from onceflow.resources.delta_storage import storage_options
+from onceflow.resources.delta_storage import storage_options, table_snapshot
 
 _APP_ID = "spark.databricks.delta.write.txnAppId"
 _VERSION = "spark.databricks.delta.write.txnVersion"
@@ -179,8 +179,8 @@ def append_once(
     table = _table(path, version=read_version)
     if holds_batch(path, app_id, version):
         return False  # committed meanwhile; the files just written stay unreferenced until VACUUM removes them
-    latest = _table(path) if read_version is not None else table
-    if latest.version() > written_for and _definition(_table(path, version=written_for)) != _definition(latest):
+    latest = table_snapshot(path) if read_version is not None else table
+    if latest.version() > written_for and _definition(table_snapshot(path, written_for)) != _definition(latest):
         # Written for a schema, constraints or protocol the table no longer has: Spark would refuse the commit too.
         raise CommitFailedError(f"{path}: the table was redefined after version {written_for}, which this append "
                                 "was written for")
@@ -260,7 +260,7 @@ def _definition(table: DeltaTable) -> tuple:
 
 def latest_version(path: str) -> int:
     """The table's newest version (read from its log with delta-rs: no Spark job)."""
-    return _table(path).version()
+    return table_snapshot(path).version()
 
 
 def table_properties(retention_s: int, stats_columns: tuple[str, ...] = ()) -> dict[str, str]:

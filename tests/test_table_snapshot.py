@@ -1,0 +1,73 @@
+"""`table_snapshot`: a table read at its newest version is given again only while its log has no later commit and
+its commit file is the one it was read from, on local disk and on GCS (the emulator); a table re-created or
+restored at the same path is read anew."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import write_deltalake
+from google.cloud import storage
+
+from onceflow.resources.delta_storage import storage_options, table_snapshot
+from onceflow.resources.emulators.gcs import GcsEmulator
+
+
+def _ids(uri: str) -> list[str]:
+    return sorted(table_snapshot(uri).to_pyarrow_table(columns=["record_id"])["record_id"].to_pylist())
+
+
+def _append(uri: str, *ids: str, mode: str = "append") -> None:
+    write_deltalake(uri, pa.table({"record_id": list(ids)}), mode=mode, storage_options=storage_options(uri))
+
+
+def _forget(uri: str) -> None:
+    """Remove every object of the table at `uri` (a `gs://` one)."""
+    bucket, _, prefix = uri.removeprefix("gs://").partition("/")
+    for blob in storage.Client().list_blobs(bucket, prefix=f"{prefix}/"):
+        blob.delete()
+
+
+def _check(uri: str, remove: object) -> None:
+    _append(uri, "a")
+    first = table_snapshot(uri)
+    assert first.version() == 0 and table_snapshot(uri) is first  # nothing new: the same table, not read again
+    assert table_snapshot(uri, 0) is first
+    _append(uri, "b")  # another writer commits
+    second = table_snapshot(uri)
+    assert second is not first and second.version() == 1 and _ids(uri) == ["a", "b"]
+    assert first.version() == 0  # a table once given never moves under its holder
+    old = table_snapshot(uri, 0)
+    assert old is not second and old.version() == 0 and table_snapshot(uri) is second
+    # The table is re-created at the same path with as many commits: its newest commit file is another one.
+    remove(uri)  # type: ignore[operator]
+    _append(uri, "x")
+    _append(uri, "y")
+    assert table_snapshot(uri) is not second and _ids(uri) == ["x", "y"]
+    # Restored from an older copy: fewer commits than the table given last.
+    remove(uri)  # type: ignore[operator]
+    _append(uri, "z")
+    assert table_snapshot(uri).version() == 0 and _ids(uri) == ["z"]
+
+
+def test_a_local_table_is_read_again_only_when_its_log_changed(tmp_path: Path) -> None:
+    _check(str(tmp_path / "t"), lambda uri: shutil.rmtree(uri))
+
+
+def test_a_gcs_table_is_read_again_only_when_its_log_changed(gcs_emulator: GcsEmulator) -> None:
+    bucket = f"onceflow-{uuid.uuid4().hex[:12]}"
+    gcs_emulator.create_bucket(bucket)
+    _check(f"gs://{bucket}/lake/t", _forget)
+
+
+def test_a_table_that_is_gone_is_not_given(tmp_path: Path) -> None:
+    uri = str(tmp_path / "t")
+    _append(uri, "a")
+    assert table_snapshot(uri).version() == 0
+    shutil.rmtree(uri)
+    with pytest.raises(Exception, match="(?i)not.*found|no.*table|not a delta table"):
+        table_snapshot(uri)
