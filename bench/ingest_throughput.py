@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.compute as pc
-from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from bench.datasets import BenchmarkError, Source
@@ -24,6 +23,7 @@ from bench.memory import PeakRss
 from onceflow.jobs.ingest.micro_batch import run_micro_batch
 from onceflow.jobs.ingest.result import IngestResult
 from onceflow.jobs.sources.reader import open_source
+from onceflow.resources.delta_storage import delta_table
 from onceflow.resources.lake import LakeResource
 
 NAME = "ingest_throughput"
@@ -68,12 +68,12 @@ def drain_once(
     mode: str,
     work: Path,
     round_no: int,
-    home: Path | None = None,
+    home: Path | str | None = None,
 ) -> Run:
     """Drain the whole source into a fresh home with one delivery mode; times the drain only.
 
-    The home is a new directory under `work`, removed afterwards; or `home`, an empty directory the caller keeps
-    (to look at the lake afterwards) and removes.
+    The home is a new directory under `work`, removed afterwards; or `home`, an empty directory or a `gs://` URI
+    the caller keeps (to look at the lake afterwards) and removes.
     """
     owned = home is None
     home = Path(tempfile.mkdtemp(prefix=f"home-{mode}-", dir=work)) if home is None else home
@@ -94,7 +94,7 @@ def drain_once(
                 results.append(result)
             seconds = time.perf_counter() - start
         load_after = os.getloadavg()[0]
-        ids = DeltaTable(runtime.raw_path).to_pyarrow_table(columns=["record_id"]).column("record_id")
+        ids = delta_table(runtime.raw_path).to_pyarrow_table(columns=["record_id"]).column("record_id")
         return Run(
             mode=mode,
             round=round_no,

@@ -173,7 +173,7 @@ def fmt(value: float | None, unit: str = "") -> str:
 
 
 def extras(result: dict[str, Any]) -> list[str]:
-    """Printed lines for `table_growth`, `latency` and `landing`, when they ran."""
+    """Printed lines for `table_growth`, `latency`, `landing` and `profiles`, when they ran."""
     lines = []
     growth, latency, landing = result.get("table_growth"), result.get("latency"), result.get("landing")
     if growth:
@@ -194,6 +194,11 @@ def extras(result: dict[str, Any]) -> list[str]:
                      f"{landing['config']['pull_streams']} pulls in flight, {landing['single_pull_records_per_s']:,.0f} "
                      f"with one (x{landing['parallel_over_single_pull']:.2f}); x{landing['parallel_over_baseline']:.2f} "
                      f"the {landing['baseline_2026_11_24_records_per_s']:,.0f} records/s of 2026-11-24")
+    deployed = result.get("profiles")
+    if deployed:
+        local, cluster = (deployed["profiles"][name]["records_per_s"] for name in ("local", "cluster-gcs"))
+        lines.append(f"profiles (exactly-once, classic): local {local:,.0f} records/s, cluster-gcs {cluster:,.0f} "
+                     f"records/s: x{deployed['cluster_over_local']:.2f} (a cost on one 2-core machine, not a speed-up)")
     return lines
 
 

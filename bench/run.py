@@ -18,9 +18,10 @@ commit and the checkpoint update, and the duplicates the table then holds are co
 is compared with onceflow exactly-once's valid rows (`bench.same_rows`; not timed); the peak resident memory of
 the driver during each run is sampled (`bench.memory`).
 
-Then `table_growth` (`--growth-*`), `latency` (`--latency-*`), `landing` (`--landing-*`) and `kafka` (`--kafka-*`):
-`bench/table_growth.py`, `bench/latency.py`, `bench/landing.py` (`--only landing` runs the Pub/Sub landing figure
-alone), `bench/kafka.py` (Kafka -> raw against Structured Streaming's Kafka source).
+Then `table_growth` (`--growth-*`), `latency` (`--latency-*`), `landing` (`--landing-*`), `kafka` (`--kafka-*`)
+and `profiles` (`--profile-*`): `bench/table_growth.py`, `bench/latency.py`, `bench/landing.py` (`--only landing`
+runs the Pub/Sub landing figure alone), `bench/kafka.py` (Kafka -> raw against Structured Streaming's Kafka
+source), `bench/profiles.py` (exactly-once on the `cluster-gcs` profile against `local`, each in its own process).
 Writes `bench/results/latest.json` and the chart `bench/results/latest.png` (see `bench/report.py`).
 """
 
@@ -54,6 +55,9 @@ from bench.landing import EVENTS as LANDING_EVENTS
 from bench.landing import ROUNDS as LANDING_ROUNDS
 from bench.landing import landing
 from bench.latency import BURST_EVENTS, BURSTS, DRAIN_EVENTS, latency
+from bench.profiles import EVENTS as PROFILE_EVENTS
+from bench.profiles import ROUNDS as PROFILE_ROUNDS
+from bench.profiles import profiles
 from bench.realistic import REALISTIC
 from bench.same_rows import Judge
 from bench.table_growth import BATCH_RECORDS, BATCHES, SIZES, parse_sizes, table_growth
@@ -66,7 +70,7 @@ from onceflow.resources.spark import build_spark_session
 RESULTS = Path(__file__).resolve().parent / "results"
 ONCEFLOW = ingest_throughput.MODES  # exactly_once, at_least_once
 CONTENDERS = (*ONCEFLOW, *peer.CONTENDERS)
-EXTRAS = ("table_growth", "latency", "landing", "kafka")
+EXTRAS = ("table_growth", "latency", "landing", "kafka", "profiles")
 ALIASES = {"ingest_throughput": ONCEFLOW}
 DATASETS = {d.name: d for d in (CLEAN, REALISTIC)}
 
@@ -289,6 +293,11 @@ def main(argv: list[str] | None = None) -> int:
                              help="timed rounds per contender (default: %(default)s)")
     kafka_group.add_argument("--kafka-batch", type=int, default=KAFKA_BATCH,
                              help="records per batch of every contender (default: %(default)s)")
+    profile_group = parser.add_argument_group("profiles")
+    profile_group.add_argument("--profile-events", type=int, default=PROFILE_EVENTS,
+                               help="distinct events of the clean data set each profile drains (default: %(default)s)")
+    profile_group.add_argument("--profile-rounds", type=int, default=PROFILE_ROUNDS,
+                               help="timed drains per profile (default: %(default)s)")
     args = parser.parse_args(argv)
     contenders, extras = selected(args.only)
     config = Config(events=args.events, rounds=args.rounds)
@@ -298,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     landed = landing(args) if "landing" in extras else None
     result = report.build(config, datasets, extra["table_growth"], extra["latency"], landed)
     result["kafka"] = extra["kafka"]
+    result["profiles"] = profiles(args) if "profiles" in extras else None
     result["machine"] = {**machine(), "load_avg_before": load_before, "load_avg_after": os.getloadavg()}
     result["spark"] = settings
     result["started_at"] = datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds")

@@ -3,6 +3,7 @@ options its scheme needs (`onceflow.resources.gcs`); and pyarrow's, for reading 
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -98,9 +99,13 @@ def _log_from(uri: str, version: int) -> tuple[tuple[int, int | None] | None, bo
 
 
 def _storage_client() -> Any:
-    """This thread's Google Cloud Storage client (the emulator's when `STORAGE_EMULATOR_HOST` is set)."""
-    if "client" not in _held.__dict__:
-        from google.cloud import storage
+    """This thread's Google Cloud Storage client for the storage `STORAGE_EMULATOR_HOST` names (GCS itself when
+    unset): made once, as making one looks up credentials."""
+    from google.cloud import storage
 
-        _held.client = storage.Client()
-    return _held.client
+    clients: dict[str | None, Any] = _held.__dict__.setdefault("clients", {})
+    # The client reads the variable itself when it is made: a client is kept per value of it.
+    host = os.environ.get("STORAGE_EMULATOR_HOST")
+    if host not in clients:
+        clients[host] = storage.Client()
+    return clients[host]
