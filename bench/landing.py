@@ -10,7 +10,8 @@ file, ack (`PubSubReader.before_batch` + `next_plan`); each landed batch is mark
 discarded warm-up: `single_pull` (`pull_streams=1`: one synchronous pull at a time, as before this bench existed)
 and `parallel_pulls` (`--landing-streams` pulls in flight). Every run's landing files are read back: the event
 ids landed must be exactly those published (a message landed twice is counted in `landed_twice`; ingest would
-drop it as a duplicate).
+drop it as a duplicate). Last, `emulator_ceiling`: the same backlog pulled and acked from a base and a tracking
+subscription by two processes doing nothing else with it, the most any landing could reach on this machine.
 
 The 2026-11-24 figure (5,610 records/s) was `latency`'s drain, which also ingests into the raw table; both are
 reported, with the ratio of each mode to it and of the two modes measured side by side here.
@@ -20,12 +21,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import multiprocessing
 import shutil
 import statistics
 import tempfile
+import threading
 import time
 import uuid
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +59,56 @@ def publish_backlog(client: PubSubClient, topic: str, count: int, seed: int) -> 
         chunk = [{"data": e.data, "attributes": e.attributes(False)} for e in events[start : start + 1_000]]
         client.publisher.api.publish(request={"topic": path, "messages": chunk})
     return {e.event_id for e in events}
+
+
+def _pull_and_ack(host: str, project: str, subscription: str, target: int, streams: int, ready: Any, go: Any,
+                  out: Any) -> None:
+    """In a process of its own: pull and ack `target` messages of `subscription` with `streams` pulls in flight,
+    doing nothing else with them; puts the seconds it took from `go`."""
+    client = PubSubClient(project, host)
+    path, lock, acked = client.subscription_path(subscription), threading.Lock(), [0]
+
+    def stream() -> None:
+        while True:
+            with lock:
+                if acked[0] >= target:
+                    return
+            response = client.subscriber.pull(request={"subscription": path, "max_messages": 1000}, timeout=2.0,
+                                              retry=None)
+            ack_ids = [r.ack_id for r in type(response).pb(response).received_messages]
+            if ack_ids:
+                client.subscriber.acknowledge(request={"subscription": path, "ack_ids": ack_ids})
+                with lock:
+                    acked[0] += len(ack_ids)
+
+    ready.set()
+    go.wait()
+    start = time.perf_counter()
+    with ThreadPoolExecutor(streams) as pool:
+        list(pool.map(lambda _: stream(), range(streams)))
+    out.put(time.perf_counter() - start)
+
+
+def emulator_ceiling(emulator: PubSubEmulator, events: int, streams: int) -> dict[str, Any]:
+    """What the emulator itself serves here: a published backlog pulled and acked from a base and a tracking
+    subscription at once (a process each, `streams` pulls in flight each), as a landing must, with nothing else
+    done with the messages: no landing can be faster on this machine."""
+    client = PubSubClient(f"bench-{uuid.uuid4().hex[:10]}", emulator.host)
+    client.ensure_subscriptions("ceiling", ["ceiling-base", "ceiling-tracking"])
+    publish_backlog(client, "ceiling", events, seed=99)
+    spawn = multiprocessing.get_context("spawn")  # gRPC channels do not survive a fork
+    go, out = spawn.Event(), spawn.Queue()
+    workers = [(spawn.Process(target=_pull_and_ack, args=(emulator.host, client.project, sub, events, streams,
+                                                          ready, go, out)), ready)
+               for sub, ready in (("ceiling-base", spawn.Event()), ("ceiling-tracking", spawn.Event()))]
+    for process, ready in workers:
+        process.start()
+        ready.wait(120)
+    go.set()
+    seconds = max(out.get(timeout=WAIT_S) for _ in workers)
+    for process, _ in workers:
+        process.join()
+    return {"records": events, "seconds": seconds, "records_per_s": events / seconds, "streams": streams}
 
 
 def land_all(source: SourceRuntime, records: int) -> tuple[int, float]:
@@ -123,6 +177,9 @@ def landing(args: argparse.Namespace) -> dict[str, Any]:
                           f"{run['records_per_s']:,.0f} records/s, landed twice {run['landed_twice']}", flush=True)
                     if round_no:
                         runs[mode].append(run)
+        ceiling = emulator_ceiling(emulator, events, streams)
+        print(f"landing emulator ceiling: {ceiling['records_per_s']:,.0f} records/s pulled and acked twice, "
+              "nothing else done", flush=True)
     finally:
         emulator.stop()
         shutil.rmtree(emulator.data_dir, ignore_errors=True)
@@ -135,6 +192,8 @@ def landing(args: argparse.Namespace) -> dict[str, Any]:
         "baseline_2026_11_24_records_per_s": BASELINE_RECORDS_PER_S,
         "parallel_over_baseline": median["parallel_pulls"] / BASELINE_RECORDS_PER_S,
         "single_pull_over_baseline": median["single_pull"] / BASELINE_RECORDS_PER_S,
+        "emulator_ceiling": ceiling,
+        "ceiling_over_baseline": ceiling["records_per_s"] / BASELINE_RECORDS_PER_S,
         "runs": runs,
         "config": {"events": events, "rounds": rounds, "pull_streams": streams, "max_messages": settings.max_messages,
                    "max_bytes": settings.max_bytes, "max_seconds": settings.max_seconds,

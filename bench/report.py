@@ -193,7 +193,9 @@ def extras(result: dict[str, Any]) -> list[str]:
         lines.append(f"landing publish -> landed: {landing['records_per_s']:,.0f} records/s with "
                      f"{landing['config']['pull_streams']} pulls in flight, {landing['single_pull_records_per_s']:,.0f} "
                      f"with one (x{landing['parallel_over_single_pull']:.2f}); x{landing['parallel_over_baseline']:.2f} "
-                     f"the {landing['baseline_2026_11_24_records_per_s']:,.0f} records/s of 2026-11-24")
+                     f"the {landing['baseline_2026_11_24_records_per_s']:,.0f} records/s of 2026-11-24; the emulator "
+                     f"itself serves {landing['emulator_ceiling']['records_per_s']:,.0f} (x"
+                     f"{landing['ceiling_over_baseline']:.2f})")
     deployed = result.get("profiles")
     if deployed:
         local, cluster = (deployed["profiles"][name]["records_per_s"] for name in ("local", "cluster-gcs"))
