@@ -40,7 +40,6 @@ def table_files(uri: str) -> tuple[pafs.FileSystem, str]:
     return files, uri.removeprefix("gs://")
 
 
-
 class _Held:
     """A table this thread read at its newest version, and the stamp of that version's commit file (its size and
     modification time, or its GCS generation): a table re-created or restored at the same path shows another."""
@@ -85,7 +84,9 @@ def _log_from(uri: str, version: int) -> tuple[tuple[int, int | None] | None, bo
     later commit."""
     if not is_gcs(uri):
         log = f"{uri.removeprefix('file://').rstrip('/')}/_delta_log"
-        this, after = pafs.LocalFileSystem().get_file_info([f"{log}/{version:020d}.json", f"{log}/{version + 1:020d}.json"])
+        this, after = pafs.LocalFileSystem().get_file_info(
+            [f"{log}/{version:020d}.json", f"{log}/{version + 1:020d}.json"]
+        )
         stamp = (this.size, this.mtime_ns) if this.type == pafs.FileType.File else None
         return stamp, after.type != pafs.FileType.NotFound
     bucket, _, prefix = uri.removeprefix("gs://").partition("/")
