@@ -33,7 +33,7 @@ from typing import Any
 from bench.datasets import CLEAN, BenchmarkError, Source
 from bench.ingest_throughput import check, drain_once
 from onceflow.resources.emulators.gcs import start_gcs_emulator
-from onceflow.resources.spark import build_spark_session, with_gcs_settings
+from onceflow.resources.spark import build_spark_session
 from onceflow.resources.spark_cluster import start_spark_cluster
 
 PROFILES = ("local", "cluster-gcs")
@@ -57,10 +57,10 @@ def drain_profile(profile: str, events: int, rounds: int) -> dict[str, Any]:
             cluster = start_spark_cluster()
             stack.callback(cluster.stop)
             master, homes = cluster.master_url, f"gs://{bucket}"
-        spark = with_gcs_settings(build_spark_session(
+        spark = build_spark_session(  # on a gs:// home with the emulator's settings (`with_gcs_settings`)
             master=master, app_name=f"onceflow-bench-{profile}",
             conf={"spark.sql.warehouse.dir": str(work / "warehouse"), "spark.driver.memory": "2g"},
-        ))
+        )
         stack.callback(spark.stop)
         source = Source.write(CLEAN, work / "source", events, FILES, FILES_PER_BATCH)
         runs = []
