@@ -9,7 +9,7 @@ export ONCEFLOW_HOME ?= $(CURDIR)/.onceflow
 # (`conftest.py`). WORKERS= runs them one at a time.
 WORKERS ?= -n 2 --dist loadfile --no-loadscope-reorder
 
-.PHONY: setup demo demo-cluster test test-cluster chaos dev bench lint clean
+.PHONY: setup demo demo-cluster test test-cluster test-chaos chaos dev bench lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,14 +32,20 @@ demo-cluster: setup
 test: setup
 	$(BIN)/ruff check .
 	command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) || echo "no chromium: tests/test_ui.py skips (fails under CI=true)"
-	$(BIN)/pytest -m "not cluster" $(WORKERS)
-	ONCEFLOW_TEST_ENGINE=classic $(BIN)/pytest -m "engine_paths and not cluster" $(WORKERS)
+	$(BIN)/pytest -m "not cluster and not chaos" $(WORKERS)
+	ONCEFLOW_TEST_ENGINE=classic $(BIN)/pytest -m "engine_paths and not cluster and not chaos" $(WORKERS)
 
 # The cluster-gcs profile (DESIGN 11): the end-to-end path on a Spark standalone cluster (a master and two workers
 # on 127.0.0.1) on both engine paths and the daemon on PostgreSQL. CI runs it after
 # `make test`; `CHAOS_PROFILE=cluster-gcs make chaos` runs the chaos harness on the whole profile.
 test-cluster: setup
 	$(BIN)/pytest -m cluster
+
+# The chaos harness's short run (5 overlapping faults, local profile) on each engine path, one after the other: each
+# starts a whole stack of its own. CI runs it after `make test` and `make test-cluster`.
+test-chaos: setup
+	$(BIN)/pytest -m chaos
+	ONCEFLOW_TEST_ENGINE=classic $(BIN)/pytest -m chaos
 
 # CHAOS_ITERATIONS faults (30) under a continuous workload, on each of CHAOS_ENGINES (both engine paths), on the
 # CHAOS_PROFILE deployment profile (local, or cluster-gcs); CHAOS_SEED replays a run.

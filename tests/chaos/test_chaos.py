@@ -1,9 +1,7 @@
-"""The chaos harness's short run, part of `make test` on the engine path of the suite's pass (Connect), local
-profile (`CHAOS_PROFILE=cluster-gcs make chaos` runs the harness on the cluster profile: on two cores its runs take
-too long for CI): `CHAOS_ITERATIONS` (default 5) overlapping faults under a continuous workload, then lost 0,
-duplicated 0 and every window reconciled. `make chaos` runs 30 on each path. The classic path's short run settles
-now that a run's JVM compiles with C1 only, but it takes another ~11 minutes: it joins `make test` once the
-suite's time under CI's limit is measured.
+"""The chaos harness's short run on the local profile: `CHAOS_ITERATIONS` (default 5) overlapping faults under a
+continuous workload, then lost 0, duplicated 0 and every window reconciled. `make test-chaos` (CI, after `make
+test`) runs it on both engine paths, each a whole stack of its own; `make chaos` runs 30 faults on each path, and
+`CHAOS_PROFILE=cluster-gcs make chaos` on the cluster profile (on two cores its runs take too long for CI).
 
 The harness runs in a process of its own: its account reads with a Spark session of the path it proves, and a
 process holds one kind of session.
@@ -25,13 +23,9 @@ from tests.conftest import require
 
 
 @pytest.mark.slow
-@pytest.mark.longest
+@pytest.mark.chaos
 @pytest.mark.timeout(1800)
 def test_exactly_once_under_overlapping_faults(engine_path: str) -> None:
-    _short_run(engine_path, "local")
-
-
-def _short_run(engine_path: str, profile: str) -> None:
     require(shutil.which("java") is not None, "Java 17")
     require(shutil.which("gcloud") is not None, "the Google Cloud CLI's Pub/Sub emulator")
     seed = int(os.environ.get("CHAOS_SEED") or random.SystemRandom().randrange(10**6))
@@ -40,13 +34,13 @@ def _short_run(engine_path: str, profile: str) -> None:
                                                             "SPARK_CONNECT_MODE_ENABLED")}
     run = subprocess.run(
         [sys.executable, "-m", "tests.chaos.harness", "--iterations", iterations, "--seed", str(seed),
-         "--publish-s", "40", "--engine", engine_path, "--profile", profile],
+         "--publish-s", "40", "--engine", engine_path, "--profile", "local"],
         cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=2300,
     )
     print(run.stdout[-6000:])
     summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else ""
     assert run.returncode == 0, f"{summary}\n{run.stdout[-4000:]}\n{run.stderr[-3000:]}"
-    found = re.search(rf"chaos seed {seed} on the {engine_path} engine path, {profile} profile: (\d+) faults .* "
+    found = re.search(rf"chaos seed {seed} on the {engine_path} engine path, local profile: (\d+) faults .* "
                       r"\((\d+) records, \d+ malformed\).* lost 0, duplicated 0; 0 other problems", summary)
     assert found, summary
     assert int(found.group(1)) >= 1 and int(found.group(2)) > 0, summary
