@@ -9,6 +9,8 @@ import threading
 from typing import ClassVar
 
 import numpy as np
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 
 from onceflow.jobs.dedup.id_filters import (
     SCHEME,
@@ -142,17 +144,22 @@ class IdFilterStore:
                          rebuilt=True, unsaved=set(buckets))
 
     def _filled(self, version: int, where: list | None) -> dict[int, BucketFilter]:
-        """Filters filled from the table's rows at `version` (those matching `where`), sized with room to grow."""
-        ids = table_snapshot(self.table_path, version=version).to_pyarrow_table(
-            columns=["record_id", "time_bucket"], filters=where
-        )
-        buckets = ids["time_bucket"].to_numpy()
-        hashes = id_hashes(ids["record_id"])
+        """Filters filled from the table's rows at `version` (those matching `where`), sized with room to grow.
+
+        Streamed a file at a time: memory holds one record batch's IDs beside the filters, however many IDs the
+        horizon holds. A raw table's file holds one bucket (its partition), and its footer gives its row count,
+        so each filter is sized before it is filled."""
+        dataset = table_snapshot(self.table_path, version=version).to_pyarrow_dataset()
+        files: dict[int, list[ds.Fragment]] = {}
+        for fragment in dataset.get_fragments(filter=None if where is None else pq.filters_to_expression(where)):
+            bucket = ds.get_partition_keys(fragment.partition_expression)["time_bucket"]
+            files.setdefault(int(bucket), []).append(fragment)
         filled = {}
-        for bucket in np.unique(buckets):
-            mine = hashes[buckets == bucket]
-            filled[int(bucket)] = bloom = BucketFilter.sized_for(len(mine) * 4)
-            bloom.add(mine)
+        for bucket, fragments in files.items():
+            filled[bucket] = bloom = BucketFilter.sized_for(sum(f.count_rows() for f in fragments) * 4)
+            for fragment in fragments:
+                for batch in fragment.to_batches(columns=["record_id"]):
+                    bloom.add(id_hashes(batch.column(0)))
         return filled
 
 
