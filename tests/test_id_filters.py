@@ -243,3 +243,39 @@ def test_ids_kept_per_commit_belong_to_that_very_table(tmp_path: Path) -> None:
         data.unlink()  # what commit 0 added is kept: it is not read again
     assert ids(first) == ["a", "b"]
     assert ids(table_of(["c"])) == ["c"]
+
+
+def test_old_ids_are_looked_up_in_the_files_whose_id_range_holds_them(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A redelivery of old records reads the files whose record_id statistics could hold its IDs, not whole buckets,
+    and finds every one of them even where Delta's writer truncated those statistics: IDs longer than its
+    32-character prefix, with characters above U+FFFF after it."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    from onceflow.jobs.dedup.id_filters import committed_among
+    from onceflow.resources.object_store import open_store
+
+    path = str(tmp_path / "raw")
+    tail = "/projects/p/subscriptions/s/" + "x" * 8  # every ID is longer than the statistics' prefix
+    files = {k: [f"{k:02d}{tail}-{i:03d}" for i in range(40)] + [f"{k:02d}{tail}\U0001f600{i}" for i in range(3)]
+             for k in range(12)}
+    for ids in files.values():  # one commit, one file each, all in one bucket
+        rows = spark.createDataFrame([(i, 7) for i in ids], "record_id string, time_bucket long").coalesce(1)
+        rows.write.format("delta").mode("append").partitionBy("time_bucket").save(path)
+    filters = IdFilterStore(open_store(str(tmp_path / "filters")), "raw", path).load(None)
+    # Older than the commits looked at first (the newest 8): only the bucket lookup can find them.
+    old = files[1][:40:7] + files[1][-3:] + files[2][-2:]
+    never = [f"01{tail}-zzz", f"01{tail}\U0001f601", f"99{tail}-000"]
+    reads: list[int] = []
+    to_pyarrow_table = DeltaTable.to_pyarrow_table
+
+    def counting(table: DeltaTable, *args, filters=None, **kwargs):  # type: ignore[no-untyped-def]
+        reads.append(len(list(table.to_pyarrow_dataset().get_fragments(filter=filters))))
+        return to_pyarrow_table(table, *args, filters=filters, **kwargs)
+
+    monkeypatch.setattr(DeltaTable, "to_pyarrow_table", counting)
+    found, buckets = committed_among(filters, path, pa.array(old + never))
+    assert sorted(found) == sorted(old)
+    assert buckets == 1 and reads == [2]  # the files of batches 1 and 2, of the bucket's 12
