@@ -173,7 +173,7 @@ def fmt(value: float | None, unit: str = "") -> str:
 
 
 def extras(result: dict[str, Any]) -> list[str]:
-    """Printed lines for `table_growth`, `latency`, `landing` and `profiles`, when they ran."""
+    """Printed lines for `table_growth`, `redelivery`, `latency`, `landing` and `profiles`, when they ran."""
     lines = []
     growth, latency, landing = result.get("table_growth"), result.get("latency"), result.get("landing")
     if growth:
@@ -184,6 +184,13 @@ def extras(result: dict[str, Any]) -> list[str]:
         small, large = growth["ratio_sizes"]
         lines.append(f"table_growth {large:,} / {small:,} rows: with the fast path "
                      f"x{fmt(growth['ratio_with_fast_path'])}, without x{fmt(growth['ratio_without'])}")
+    again = result.get("redelivery")
+    if again and again["ratio"]:
+        small, large = again["ratio_sizes"]
+        for layout, kinds in again["ratio"].items():
+            lines.append(f"redelivery lookup, {layout} IDs, {large:,} / {small:,} rows: "
+                         + ", ".join(f"{kind} x{ratio:.2f} ({again['sizes'][layout][str(large)][kind]['median_s']:.3f} s)"
+                                     for kind, ratio in kinds.items()))
     if latency:
         lines.append(f"latency: publish -> raw committed p50 {fmt(latency['publish_to_raw_p50_s'], ' s')}, "
                      f"p90 {fmt(latency['publish_to_raw_p90_s'], ' s')}; drain "

@@ -18,10 +18,12 @@ commit and the checkpoint update, and the duplicates the table then holds are co
 is compared with onceflow exactly-once's valid rows (`bench.same_rows`; not timed); the peak resident memory of
 the driver during each run is sampled (`bench.memory`).
 
-Then `table_growth` (`--growth-*`), `latency` (`--latency-*`), `landing` (`--landing-*`), `kafka` (`--kafka-*`)
-and `profiles` (`--profile-*`): `bench/table_growth.py`, `bench/latency.py`, `bench/landing.py` (`--only landing`
-runs the Pub/Sub landing figure alone), `bench/kafka.py` (Kafka -> raw against Structured Streaming's Kafka
-source), `bench/profiles.py` (exactly-once on the `cluster-gcs` profile against `local`, each in its own process).
+Then `table_growth` (`--growth-*`), `redelivery` (`--redelivery-*`), `latency` (`--latency-*`), `landing`
+(`--landing-*`), `kafka` (`--kafka-*`) and `profiles` (`--profile-*`): `bench/table_growth.py`,
+`bench/redelivery.py` (the exact lookup of redelivered old records as the table grows), `bench/latency.py`,
+`bench/landing.py` (`--only landing` runs the Pub/Sub landing figure alone), `bench/kafka.py` (Kafka -> raw against
+Structured Streaming's Kafka source), `bench/profiles.py` (exactly-once on the `cluster-gcs` profile against
+`local`, each in its own process).
 Writes `bench/results/latest.json` and the chart `bench/results/latest.png` (see `bench/report.py`).
 """
 
@@ -59,6 +61,9 @@ from bench.profiles import EVENTS as PROFILE_EVENTS
 from bench.profiles import ROUNDS as PROFILE_ROUNDS
 from bench.profiles import profiles
 from bench.realistic import REALISTIC
+from bench.redelivery import ROUNDS as REDELIVERY_ROUNDS
+from bench.redelivery import SIZES as REDELIVERY_SIZES
+from bench.redelivery import redelivery
 from bench.same_rows import Judge
 from bench.table_growth import BATCH_RECORDS, BATCHES, SIZES, parse_sizes, table_growth
 from onceflow.jobs.ingest.micro_batch import run_micro_batch
@@ -70,7 +75,7 @@ from onceflow.resources.spark import build_spark_session
 RESULTS = Path(__file__).resolve().parent / "results"
 ONCEFLOW = ingest_throughput.MODES  # exactly_once, at_least_once
 CONTENDERS = (*ONCEFLOW, *peer.CONTENDERS)
-EXTRAS = ("table_growth", "latency", "landing", "kafka", "profiles")
+EXTRAS = ("table_growth", "redelivery", "latency", "landing", "kafka", "profiles")
 ALIASES = {"ingest_throughput": ONCEFLOW}
 DATASETS = {d.name: d for d in (CLEAN, REALISTIC)}
 
@@ -272,6 +277,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="timed batches per size and home (default: %(default)s)")
     growth.add_argument("--growth-batch-records", type=int, default=BATCH_RECORDS,
                         help="records per timed batch (default: %(default)s)")
+    again = parser.add_argument_group("redelivery")
+    again.add_argument("--redelivery-rows", type=parse_sizes, default=REDELIVERY_SIZES, metavar="N,N",
+                       help=f"raw table sizes (default: {','.join(map(str, REDELIVERY_SIZES))})")
+    again.add_argument("--redelivery-rounds", type=int, default=REDELIVERY_ROUNDS,
+                       help="timed lookups per table and redelivery (default: %(default)s)")
     lat = parser.add_argument_group("latency")
     lat.add_argument("--latency-bursts", type=int, default=BURSTS,
                      help="timed publish -> commit bursts (default: %(default)s)")
@@ -306,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     settings, datasets, extra = spark_benchmarks(args, contenders, extras, config)
     landed = landing(args) if "landing" in extras else None
     result = report.build(config, datasets, extra["table_growth"], extra["latency"], landed)
+    result["redelivery"] = redelivery(args) if "redelivery" in extras else None
     result["kafka"] = extra["kafka"]
     result["profiles"] = profiles(args) if "profiles" in extras else None
     result["machine"] = {**machine(), "load_avg_before": load_before, "load_avg_after": os.getloadavg()}

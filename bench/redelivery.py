@@ -1,0 +1,110 @@
+"""What a batch of redelivered old records costs in the exact lookup, as the raw table grows (DESIGN.md section 10:
+"flat for batches that redeliver records from anywhere in the horizon").
+
+The lookup (`onceflow.jobs.dedup.id_filters.committed_among`) is the one part of a batch whose cost depends on
+the table: reading, validating, writing and committing depend on the batch. It is measured alone here, with
+delta-rs and no Spark, on raw-shaped tables (`record_id`, `time_bucket`) of `--redelivery-rows` rows (default
+1,000,000 and 10,000,000), laid out as ingest lays them out: one commit (one file per bucket) per batch of 25,000
+records, event times over 20 hours of one-hour buckets. Two kinds of IDs:
+
+- `ordered`: IDs in the source's order, as Pub/Sub message IDs, Kafka offsets and file lines are;
+- `random`: random UUIDs, as a producer that names its records may send.
+
+Per table, after the ID filters are rebuilt and caught up (not timed), two redeliveries of `REPLAY` old records
+are looked up, each timed over `ROUNDS` repetitions (median; the first one, which reads each file's footer, is
+discarded): `seek`, the records of a stretch of time hours back (a subscription seek, a producer replaying an
+hour: consecutive records), and `scattered`, records drawn from anywhere in the horizon. Every lookup must find
+every redelivered ID and nothing else. `ratio` is the largest table's median over the smallest's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from deltalake import write_deltalake
+
+from bench.datasets import BenchmarkError
+from onceflow.jobs.dedup.filter_store import IdFilterStore
+from onceflow.jobs.dedup.id_filters import committed_among
+from onceflow.resources.object_store import open_store
+
+SIZES = (1_000_000, 10_000_000)
+BATCH = 25_000
+HOURS = 20
+REPLAY = 2_500
+ROUNDS = 5
+LAYOUTS = ("ordered", "random")
+KINDS = ("seek", "scattered")
+
+
+def load(path: str, rows: int, layout: str) -> list[str]:
+    """The table, a batch per commit in event-time order; its IDs in that order."""
+    ids: list[str] = []
+    first_bucket = 490_000
+    for start in range(0, rows, BATCH):
+        n = min(BATCH, rows - start)
+        batch = ([f"{10**15 + start + i}" for i in range(n)] if layout == "ordered"
+                 else [str(uuid.uuid4()) for _ in range(n)])
+        buckets = first_bucket + (np.arange(start, start + n) * HOURS // rows)
+        write_deltalake(path, pa.table({"record_id": batch, "time_bucket": pa.array(buckets, pa.int64())}),
+                        partition_by=["time_bucket"], mode="append")
+        ids += batch
+    return ids
+
+
+def replays(ids: list[str], seed: int = 3) -> dict[str, list[str]]:
+    """`seek`: consecutive records from about the middle of the horizon; `scattered`: drawn from all of it."""
+    middle = len(ids) // 2
+    return {"seek": ids[middle : middle + REPLAY], "scattered": random.Random(seed).sample(ids, REPLAY)}
+
+
+def measure(work: Path, rows: int, layout: str, rounds: int) -> dict[str, Any]:
+    path = str(work / f"raw-{layout}-{rows}")
+    start = time.perf_counter()
+    ids = load(path, rows, layout)
+    load_s = time.perf_counter() - start
+    filters = IdFilterStore(open_store(str(work / f"filters-{layout}-{rows}")), "raw", path).load(None)
+    result: dict[str, Any] = {"load_s": load_s}
+    for kind, old in replays(ids).items():
+        fresh = [f"fresh-{i}" for i in range(REPLAY)]
+        seconds, buckets = [], 0
+        for _ in range(rounds + 1):
+            began = time.perf_counter()
+            found, buckets = committed_among(filters, path, pa.array(old + fresh))
+            seconds.append(time.perf_counter() - began)
+            if sorted(found) != sorted(old):
+                raise BenchmarkError(f"redelivery {layout} {rows} {kind}: found {len(found)} of {len(old)} old IDs "
+                                     f"({len(set(found) - set(old))} not redelivered)")
+        result[kind] = {"median_s": statistics.median(seconds[1:]), "seconds": seconds[1:], "buckets": buckets}
+        print(f"redelivery {layout} {rows:,} rows, {kind}: {result[kind]['median_s'] * 1000:.0f} ms median "
+              f"({buckets} buckets looked up)", flush=True)
+    return result
+
+
+def redelivery(args: argparse.Namespace) -> dict[str, Any]:
+    """The JSON-ready result (see the module docstring)."""
+    sizes: tuple[int, ...] = getattr(args, "redelivery_rows", None) or SIZES
+    rounds: int = getattr(args, "redelivery_rounds", None) or ROUNDS
+    measured: dict[str, dict[str, Any]] = {layout: {} for layout in LAYOUTS}
+    with tempfile.TemporaryDirectory(prefix="onceflow-bench-redelivery-") as tmp:
+        for layout in LAYOUTS:
+            for rows in sizes:
+                measured[layout][str(rows)] = measure(Path(tmp), rows, layout, rounds)
+    small, large = str(sizes[0]), str(sizes[-1])
+    return {
+        "sizes": measured,
+        "ratio": {layout: {kind: measured[layout][large][kind]["median_s"] / measured[layout][small][kind]["median_s"]
+                           for kind in KINDS} for layout in LAYOUTS} if len(sizes) > 1 else None,
+        "ratio_sizes": [sizes[0], sizes[-1]],
+        "config": {"batch_rows": BATCH, "hours": HOURS, "replayed": REPLAY, "fresh_alongside": REPLAY,
+                   "rounds": rounds, "timed": "committed_among for the redelivered and as many fresh IDs"},
+    }
