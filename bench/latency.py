@@ -112,7 +112,8 @@ def _demo_tick_to_commit() -> dict[str, Any]:
     figures = demo["latencies_s"]
     return {
         "tick_to_commit_median_s": figures.get("batch requested -> micro-batch committed (median over batches)"),
-        "tick_to_commit_note": f"measured by make demo at {demo['measured_at']} (warm runs: "
+        "tick_to_commit_note": f"measured by make demo at {demo['measured_at']} ({demo.get('profile', 'local')} "
+                               f"profile, {demo.get('engine_path', 'connect')} engine; warm runs: "
                                f"ONCEFLOW_MICRO_BATCH_RUN_S={demo['settings'].get('ONCEFLOW_MICRO_BATCH_RUN_S')})",
         "demo_latencies_s": figures,
     }
