@@ -10,7 +10,8 @@ records, event times over 20 hours of one-hour buckets. Two kinds of IDs:
 - `ordered`: IDs in the source's order, as Pub/Sub message IDs, Kafka offsets and file lines are;
 - `random`: random UUIDs, as a producer that names its records may send.
 
-Per table, after the ID filters are rebuilt and caught up (not timed), two redeliveries of `REPLAY` old records
+Per table, the ID filters are rebuilt from it (timed apart, with the peak resident memory of the process: a rebuild
+streams the table, so the peak should not grow with it); then two redeliveries of `REPLAY` old records
 are looked up, each timed over `ROUNDS` repetitions (median; the first one, which reads each file's footer, is
 discarded): `seek`, the records of a stretch of time hours back (a subscription seek, a producer replaying an
 hour: consecutive records), and `scattered`, records drawn from anywhere in the horizon. Every lookup must find
@@ -33,6 +34,7 @@ import pyarrow as pa
 from deltalake import write_deltalake
 
 from bench.datasets import BenchmarkError
+from bench.memory import PeakRss
 from onceflow.jobs.dedup.filter_store import IdFilterStore
 from onceflow.jobs.dedup.id_filters import committed_among
 from onceflow.resources.object_store import open_store
@@ -72,8 +74,13 @@ def measure(work: Path, rows: int, layout: str, rounds: int) -> dict[str, Any]:
     start = time.perf_counter()
     ids = load(path, rows, layout)
     load_s = time.perf_counter() - start
-    filters = IdFilterStore(open_store(str(work / f"filters-{layout}-{rows}")), "raw", path).load(None)
-    result: dict[str, Any] = {"load_s": load_s}
+    began = time.perf_counter()
+    with PeakRss() as rss:
+        filters = IdFilterStore(open_store(str(work / f"filters-{layout}-{rows}")), "raw", path).load(None)
+    result: dict[str, Any] = {"load_s": load_s, "rebuild_s": time.perf_counter() - began,
+                              "rebuild_rss_before_bytes": rss.before, "rebuild_peak_rss_bytes": rss.peak}
+    print(f"redelivery {layout} {rows:,} rows: filters rebuilt in {result['rebuild_s']:.1f} s, peak RSS "
+          f"{rss.peak / 2**20:,.0f} MiB (before {rss.before / 2**20:,.0f} MiB)", flush=True)
     for kind, old in replays(ids).items():
         fresh = [f"fresh-{i}" for i in range(REPLAY)]
         seconds, buckets = [], 0

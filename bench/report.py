@@ -188,9 +188,13 @@ def extras(result: dict[str, Any]) -> list[str]:
     if again and again["ratio"]:
         small, large = again["ratio_sizes"]
         for layout, kinds in again["ratio"].items():
+            grew = {rows: (size["rebuild_peak_rss_bytes"] - size["rebuild_rss_before_bytes"]) / 2**20
+                    for rows, size in again["sizes"][layout].items()}
             lines.append(f"redelivery lookup, {layout} IDs, {large:,} / {small:,} rows: "
                          + ", ".join(f"{kind} x{ratio:.2f} ({again['sizes'][layout][str(large)][kind]['median_s']:.3f} s)"
-                                     for kind, ratio in kinds.items()))
+                                     for kind, ratio in kinds.items())
+                         + "; filter rebuild's memory +" + " / +".join(f"{grew[str(n)]:,.0f}" for n in (small, large))
+                         + " MiB")
     if latency:
         lines.append(f"latency: publish -> raw committed p50 {fmt(latency['publish_to_raw_p50_s'], ' s')}, "
                      f"p90 {fmt(latency['publish_to_raw_p90_s'], ' s')}; drain "
