@@ -93,6 +93,7 @@ def dataset(bigquery_client: bigquery.Client) -> str:
     return bigquery_client.create_dataset(f"test_{uuid.uuid4().hex[:12]}").dataset_id
 
 
+@pytest.mark.longest
 def test_materializing_twice_and_backfilling_twice_leave_the_table_identical(
     ingested, home: Path, bigquery_client: bigquery.Client, dataset: str
 ) -> None:

@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyspark.sql import SparkSession
@@ -70,6 +71,7 @@ def messages(draw: st.DrawFn) -> list[tuple[bytes, dict[str, str]]]:
     return out
 
 
+@pytest.mark.longest
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                 HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(batch=messages())
