@@ -1,4 +1,4 @@
-"""Peak resident memory of the driver (this Python process and the Spark JVM it started) while a contender runs.
+"""Peak resident memory of the driver (this Python process and the Spark JVM it started) while a benchmark runs.
 
 Sampled by a thread every `INTERVAL_S`. The JVM seldom returns heap it grew: a contender that runs after one that
 needed more shows the other's peak; `before` says what the process held when the run began.
@@ -6,6 +6,7 @@ needed more shows the other's peak; `before` says what the process held when the
 
 from __future__ import annotations
 
+import os
 import threading
 from types import TracebackType
 
@@ -15,13 +16,17 @@ INTERVAL_S = 0.1
 
 
 def driver_rss() -> int:
-    """Bytes resident in this process and its children (the local Spark JVM)."""
+    """Bytes resident in this process and the children of its session: the local Spark JVM and its Python workers,
+    a drain in a process of its own. Servers (emulators, brokers, a standalone cluster, a Spark Connect engine)
+    start sessions of their own (`start_new_session`): they are not the driver, and are left out."""
     me = psutil.Process()
+    session = os.getsid(me.pid)
     total = me.memory_info().rss
     for child in me.children(recursive=True):
         try:
-            total += child.memory_info().rss
-        except psutil.NoSuchProcess:
+            if os.getsid(child.pid) == session:
+                total += child.memory_info().rss
+        except (psutil.NoSuchProcess, ProcessLookupError):
             continue
     return total
 

@@ -141,7 +141,7 @@ def dataset(config: Config, ran: dict[str, Any]) -> dict[str, Any]:
 def table(result: dict[str, Any]) -> str:
     """The final printed tables: per data set, median records/s per contender, exactly_once's median divided by
     it, its round-by-round ratios, and what each table held beside the valid rows; then the other benchmarks."""
-    lines = []
+    lines = [_provenance(result)]
     for name, ran in result["datasets"].items():
         summary = ran["contenders"]
         files = ran["files"]
@@ -168,12 +168,23 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join([*lines, *extras(result)]).strip("\n")
 
 
+def _provenance(result: dict[str, Any]) -> str:
+    """When, on which commit and on how busy a machine the figures were taken."""
+    commit, host = result.get("commit") or {}, result.get("machine") or {}
+    load = [f"{host[k][0]:.2f}" for k in ("load_avg_before", "load_avg_after") if k in host]
+    modified = commit.get("modified_files")
+    return (f"started {result.get('started_at', '?')} on commit {(commit.get('sha') or '?')[:12]}"
+            + (f" (with {len(modified)} files modified)" if modified else "")
+            + (f"; load average (1 min) {' -> '.join(load)}" if load else "")
+            + (f"; {result['elapsed_s']:,.0f} s in all" if "elapsed_s" in result else ""))
+
+
 def fmt(value: float | None, unit: str = "") -> str:
     return "-" if value is None else f"{value:.2f}{unit}"
 
 
 def extras(result: dict[str, Any]) -> list[str]:
-    """Printed lines for `table_growth`, `redelivery`, `latency`, `landing` and `profiles`, when they ran."""
+    """Printed lines for `table_growth`, `redelivery`, `latency`, `landing`, `kafka` and `profiles`, when they ran."""
     lines = []
     growth, latency, landing = result.get("table_growth"), result.get("latency"), result.get("landing")
     if growth:
@@ -183,7 +194,7 @@ def extras(result: dict[str, Any]) -> list[str]:
                          f"filter rebuild {size['filter_rebuild_s']:.2f} s")
         small, large = growth["ratio_sizes"]
         lines.append(f"table_growth {large:,} / {small:,} rows: with the fast path "
-                     f"x{fmt(growth['ratio_with_fast_path'])}, without x{fmt(growth['ratio_without'])}")
+                     f"x{fmt(growth['ratio_with_fast_path'])}, without x{fmt(growth['ratio_without'])}{_memory(growth)}")
     again = result.get("redelivery")
     if again and again["ratio"]:
         small, large = again["ratio_sizes"]
@@ -194,25 +205,41 @@ def extras(result: dict[str, Any]) -> list[str]:
                          + ", ".join(f"{kind} x{ratio:.2f} ({again['sizes'][layout][str(large)][kind]['median_s']:.3f} s)"
                                      for kind, ratio in kinds.items())
                          + "; filter rebuild's memory +" + " / +".join(f"{grew[str(n)]:,.0f}" for n in (small, large))
-                         + " MiB")
+                         + " MiB" + _memory(again))
     if latency:
         lines.append(f"latency: publish -> raw committed p50 {fmt(latency['publish_to_raw_p50_s'], ' s')}, "
                      f"p90 {fmt(latency['publish_to_raw_p90_s'], ' s')}; drain "
                      f"{latency['landed_records_per_s']:,.0f} records/s; tick -> commit: "
-                     f"{fmt(latency['tick_to_commit_median_s'], ' s')} ({latency.get('tick_to_commit_note', '')})")
+                     f"{fmt(latency['tick_to_commit_median_s'], ' s')} ({latency.get('tick_to_commit_note', '')})"
+                     f"{_memory(latency)}")
     if landing:
         lines.append(f"landing publish -> landed: {landing['records_per_s']:,.0f} records/s with "
                      f"{landing['config']['pull_streams']} pulls in flight, {landing['single_pull_records_per_s']:,.0f} "
                      f"with one (x{landing['parallel_over_single_pull']:.2f}); x{landing['parallel_over_baseline']:.2f} "
                      f"the {landing['baseline_2026_11_24_records_per_s']:,.0f} records/s of 2026-11-24; the emulator "
                      f"itself serves {landing['emulator_ceiling']['records_per_s']:,.0f} (x"
-                     f"{landing['ceiling_over_baseline']:.2f})")
+                     f"{landing['ceiling_over_baseline']:.2f}){_memory(landing)}")
+    streamed = result.get("kafka")
+    if streamed:
+        rps = streamed["records_per_s"]
+        lines.append("kafka: " + ", ".join(f"{name} {value:,.0f}" for name, value in rps.items()) + " records/s; "
+                     f"exactly_once ÷ streaming_dedup x{streamed['exactly_once_over_streaming_dedup']:.2f} (round by "
+                     "round " + " ".join(f"{r:.2f}" for r in streamed["exactly_once_over_streaming_dedup_by_round"])
+                     + f"), ÷ floor x{streamed['exactly_once_over_floor']:.2f}{_memory(streamed)}")
     deployed = result.get("profiles")
     if deployed:
         local, cluster = (deployed["profiles"][name]["records_per_s"] for name in ("local", "cluster-gcs"))
         lines.append(f"profiles (exactly-once, classic): local {local:,.0f} records/s, cluster-gcs {cluster:,.0f} "
-                     f"records/s: x{deployed['cluster_over_local']:.2f} (a cost on one 2-core machine, not a speed-up)")
+                     f"records/s: x{deployed['cluster_over_local']:.2f} (a cost on one 2-core machine, not a speed-up)"
+                     f"{_memory(deployed)}")
     return lines
+
+
+def _memory(part: dict[str, Any]) -> str:
+    """The driver's peak resident memory while a benchmark ran (`bench.run.with_memory`), when recorded."""
+    if "peak_rss_bytes" not in part:
+        return ""
+    return f"; driver peak RSS {part['peak_rss_bytes'] / 2**20:,.0f} MiB (before {part['rss_before_bytes'] / 2**20:,.0f})"
 
 
 def write(result: dict[str, Any], directory: Path) -> Path:

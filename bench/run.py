@@ -24,7 +24,8 @@ Then `table_growth` (`--growth-*`), `redelivery` (`--redelivery-*`), `latency` (
 `bench/landing.py` (`--only landing` runs the Pub/Sub landing figure alone), `bench/kafka.py` (Kafka -> raw against
 Structured Streaming's Kafka source), `bench/profiles.py` (exactly-once on the `cluster-gcs` profile against
 `local`, each in its own process).
-Writes `bench/results/latest.json` and the chart `bench/results/latest.png` (see `bench/report.py`).
+The driver's peak resident memory is recorded for each of these too (`peak_rss_bytes`), and the commit the
+figures are of (`commit`). Writes `bench/results/latest.json` and the chart `bench/results/latest.png` (see `bench/report.py`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import argparse
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -57,6 +59,7 @@ from bench.landing import EVENTS as LANDING_EVENTS
 from bench.landing import ROUNDS as LANDING_ROUNDS
 from bench.landing import landing
 from bench.latency import BURST_EVENTS, BURSTS, DRAIN_EVENTS, latency
+from bench.memory import PeakRss
 from bench.profiles import EVENTS as PROFILE_EVENTS
 from bench.profiles import ROUNDS as PROFILE_ROUNDS
 from bench.profiles import profiles
@@ -94,6 +97,26 @@ def machine() -> dict[str, Any]:
         "deltalake": version("deltalake"),
         "total_memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
     }
+
+
+def source_commit() -> dict[str, Any]:
+    """The commit of onceflow the figures are of, and whether the working tree differed from it."""
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    return {"sha": git("rev-parse", "HEAD") or None,
+            "modified_files": [line[3:] for line in git("status", "--porcelain", "--untracked-files=no").splitlines()]}
+
+
+def with_memory(benchmark: Callable[..., dict[str, Any] | None], *args: Any) -> dict[str, Any] | None:
+    """`benchmark(*args)`'s result, with the driver's resident memory before it and its peak while it ran
+    (`peak_rss_bytes`, `rss_before_bytes`; `bench.memory`: the servers it starts are not counted)."""
+    with PeakRss() as rss:
+        result = benchmark(*args)
+    return None if result is None else {**result, "rss_before_bytes": rss.before, "peak_rss_bytes": rss.peak}
 
 
 def replay_last_batch(spark: SparkSession, files: Source, home: Path) -> dict[str, Any]:
@@ -245,7 +268,7 @@ def spark_benchmarks(
             settings = {k: v for k, v in spark.sparkContext.getConf().getAll() if k in report.SPARK_SETTINGS}
             names = list(DATASETS) if args.dataset == "both" else [args.dataset]
             datasets = [run_contenders(spark, DATASETS[n], contenders, config, _print) for n in names if contenders]
-            results = {name: run(spark, args) if name in extras else None for name, run in extra.items()}
+            results = {name: with_memory(run, spark, args) if name in extras else None for name, run in extra.items()}
         finally:
             spark.stop()
     return settings, datasets, results
@@ -314,12 +337,13 @@ def main(argv: list[str] | None = None) -> int:
     args.results.mkdir(parents=True, exist_ok=True)
     started, load_before = time.time(), os.getloadavg()
     settings, datasets, extra = spark_benchmarks(args, contenders, extras, config)
-    landed = landing(args) if "landing" in extras else None
+    landed = with_memory(landing, args) if "landing" in extras else None
     result = report.build(config, datasets, extra["table_growth"], extra["latency"], landed)
-    result["redelivery"] = redelivery(args) if "redelivery" in extras else None
+    result["redelivery"] = with_memory(redelivery, args) if "redelivery" in extras else None
     result["kafka"] = extra["kafka"]
-    result["profiles"] = profiles(args) if "profiles" in extras else None
+    result["profiles"] = with_memory(profiles, args) if "profiles" in extras else None
     result["machine"] = {**machine(), "load_avg_before": load_before, "load_avg_after": os.getloadavg()}
+    result["commit"] = source_commit()
     result["spark"] = settings
     result["started_at"] = datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds")
     result["elapsed_s"] = round(time.time() - started, 1)
