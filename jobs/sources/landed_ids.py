@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+import pyarrow as pa
+
 from onceflow.jobs.declare.record_contract import RecordContract
 
 _EPOCH_MS = re.compile(r"^-?[0-9]{1,15}$")
@@ -51,8 +53,22 @@ def identify(batch_id: int, row: LandedRow, contract: RecordContract) -> LandedR
     return LandedRecord(batch_id, record_id, event_ms)
 
 
-def identify_all(batches: Iterator[tuple[int, list[LandedRow]]], contract: RecordContract) -> list[LandedRecord]:
-    return [identify(batch_id, row, contract) for batch_id, rows in batches for row in rows]
+LANDED = pa.schema([("batch_id", pa.int64()), ("record_id", pa.large_string()), ("event_time_ms", pa.int64())])
+"""The landed records as columns, in landing order (`identify_all`)."""
+
+
+def identify_all(batches: Iterator[tuple[int, list[LandedRow]]], contract: RecordContract) -> pa.Table:
+    """Every landed record of `batches` (`LANDED`). A batch's rows and Python objects live only while it is
+    identified: what is kept is its columns."""
+    parts = []
+    for batch_id, rows in batches:
+        records = [identify(batch_id, row, contract) for row in rows]
+        parts.append(pa.record_batch([
+            pa.array([batch_id] * len(records), pa.int64()),
+            pa.array([r.record_id for r in records], pa.large_string()),
+            pa.array([r.event_time_ms for r in records], pa.int64()),
+        ], schema=LANDED))
+    return pa.Table.from_batches(parts, schema=LANDED)
 
 
 def parse_time_ms(text: str) -> int | None:

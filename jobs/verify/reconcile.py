@@ -2,7 +2,8 @@
 what was published — each read its own way, so that a classification, MERGE or publishing bug shows up.
 
 - Landed: every record of every committed batch, read in plain Python from the landing (`onceflow.jobs.sources.landed_ids`): its
-  ID and event time. Duplicates are measured here: every occurrence of an ID after its first.
+  ID and event time, kept as Arrow columns. Duplicates are measured here: every occurrence of an ID after those
+  the tables keep. The counting is column-wise (`onceflow.jobs.verify.id_accounting`).
 - Tables: raw, dead letters and the window table read with delta-rs (a second engine), and the metrics of the
   source's own commits from the Delta log.
 - Published: the file sink's pane files, parsed as JSON lines.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -38,14 +40,20 @@ from onceflow.jobs.publish.commit_records import DONE
 from onceflow.jobs.publish.commit_store import CommitStore
 from onceflow.jobs.publish.pane_sequence import pane_prefix
 from onceflow.jobs.publish.sequence import sequence_id
-from onceflow.jobs.sources.landed_ids import LandedRecord, identify_all
+from onceflow.jobs.sources.landed_ids import LandedRow, identify_all
 from onceflow.jobs.sources.reader import SourceRuntime
+from onceflow.jobs.verify.id_accounting import (
+    UNASSIGNED,
+    ids,
+    later_occurrences,
+    missing,
+    per_window,
+    repeated,
+)
 from onceflow.jobs.windows.panes import CloseStore, PaneClose, Window
 from onceflow.jobs.windows.transform import pane_frame
 from onceflow.resources.delta_storage import delta_table
 from onceflow.resources.object_store import open_store
-
-UNASSIGNED = "unassigned"
 
 
 @dataclass(frozen=True)
@@ -90,28 +98,28 @@ class SourceReconciliation:
         return not (self.lost or self.doubled_raw or self.doubled_dead or self.metric_mismatches)
 
 
-def landed_records(*epochs: SourceRuntime) -> list[LandedRecord]:
+def landed_records(*epochs: SourceRuntime) -> pa.Table:
     """Every record of every committed batch of the source in each of `epochs` (its runtimes, oldest first; their
-    batch numbers follow each other), identified in plain Python."""
-    batches = []
-    for source in epochs:
-        for batch in range(source.checkpoints.first_batch, source.checkpoints.load().committed_batch + 1):
-            plan = source.plans.plan_of(batch)
-            if plan is None:
-                raise RuntimeError(f"{source.app_id}: batch {batch} is committed but neither the checkpoints nor "
-                                   "the tables' commits hold its plan")
-            batches.append((batch, source.reader.landed_rows(plan)))
-    return identify_all(iter(batches), RecordContract.of(epochs[0].pipeline))
+    batch numbers follow each other), identified in plain Python a batch at a time (`landed_ids.LANDED`)."""
+
+    def batches() -> Iterator[tuple[int, list[LandedRow]]]:
+        for source in epochs:
+            for batch in range(source.checkpoints.first_batch, source.checkpoints.load().committed_batch + 1):
+                plan = source.plans.plan_of(batch)
+                if plan is None:
+                    raise RuntimeError(f"{source.app_id}: batch {batch} is committed but neither the checkpoints "
+                                       "nor the tables' commits hold its plan")
+                yield batch, source.reader.landed_rows(plan)
+
+    return identify_all(batches(), RecordContract.of(epochs[0].pipeline))
 
 
-def reconcile_source(source: SourceRuntime, landed: list[LandedRecord]) -> SourceReconciliation:
-    raw = _column(source.raw_path, "record_id")
-    dead = _column(source.dead_letter_path, "record_id")
-    held = set(raw) | set(dead)
-    result = SourceReconciliation(lost=sorted({r.record_id for r in landed} - held))
+def reconcile_source(source: SourceRuntime, landed: pa.Table) -> SourceReconciliation:
+    raw, dead = _ids(source.raw_path), _ids(source.dead_letter_path)
+    result = SourceReconciliation(lost=missing(landed.column("record_id"), raw, dead))
     if source.pipeline.delivery == "exactly_once":
-        result.doubled_raw = sorted(i for i, n in Counter(raw).items() if n > 1)
-    result.doubled_dead = sorted(i for i, n in Counter(dead).items() if n > 1)
+        result.doubled_raw = repeated(raw)
+    result.doubled_dead = repeated(dead)
     for path, rows in ((source.raw_path, len(raw)), (source.dead_letter_path, len(dead))):
         written = _inserted_by_commits(path)
         if written is not None and written != rows:
@@ -127,32 +135,24 @@ def reconcile(
     commits: CommitStore,
     windows_path: str,
     files_root: str | None,
-    landed: list[LandedRecord],
+    landed: pa.Table,
 ) -> list[WindowReconciliation]:
     """The reconciliation of every window of `output` that received records, in window order (`unassigned` last)."""
-    key = _window_key(output)
-    raw_ids, dead_ids = set(_column(source.raw_path, "record_id")), set(_column(source.dead_letter_path, "record_id"))
-    # An ID is held once among the valid records and once among the dead letters (a bad record later sent right
-    # is both); every further occurrence is a duplicate. Under at_least_once, valid ones are all kept.
-    keeps = Counter({i: 1 for i in raw_ids} if source.pipeline.delivery == "exactly_once" else {})
-    keeps.update({i: 1 for i in dead_ids})
-    received, duplicates, seen = Counter(), Counter(), Counter()
-    for record in landed:
-        w = key(record.event_time_ms)
-        received[w] += 1
-        seen[record.record_id] += 1
-        if record.record_id in keeps and seen[record.record_id] > keeps[record.record_id]:
-            duplicates[w] += 1
-    windows = {k: Window.from_partition_key(k, output.window_s) for k in received if k != UNASSIGNED}
+    size = output.window_s
+    dead_ids = _ids(source.dead_letter_path)
+    kept_raw = _ids(source.raw_path) if source.pipeline.delivery == "exactly_once" else None
+    received = per_window(landed.column("event_time_ms"), size)
+    duplicates = per_window(later_occurrences(landed, kept_raw, dead_ids).column("event_time_ms"), size)
+    windows = {k: Window.from_partition_key(k, size) for k in received if k != UNASSIGNED}
     closed = {k: c for k, w in windows.items() if (c := closes.latest(w)) is not None}
     inserted, late = Counter(), Counter()
-    for event_ms, batch in _rows(source.raw_path, ["event_time", "batch_id"]):
-        w = key(event_ms)
+    raw = _arrow(source.raw_path, ["event_time", "batch_id"])
+    for (w, batch), n in per_window(raw.column("event_time"), size, raw.column("batch_id")).items():
         if w in closed and batch > closed[w].max_batch_id:
-            late[w] += 1
+            late[w] += n
         else:
-            inserted[w] += 1
-    dead = Counter(key(event_ms) for (event_ms,) in _rows(source.dead_letter_path, ["event_time"]))
+            inserted[w] += n
+    dead = per_window(_arrow(source.dead_letter_path, ["event_time"]).column("event_time"), size)
     table = _window_rows(windows_path)
     matches = _outputs_match(spark, source, output, windows_path, {windows[k]: c for k, c in closed.items()})
     results = []
@@ -169,13 +169,6 @@ def reconcile(
     return results
 
 
-def _window_key(output: WindowedOutput):
-    def key(event_ms: int | None) -> str:
-        return UNASSIGNED if event_ms is None else Window.at(event_ms, output.window_s).key
-
-    return key
-
-
 def _exists(path: str) -> bool:
     try:
         delta_table(path)
@@ -184,22 +177,20 @@ def _exists(path: str) -> bool:
     return True
 
 
-def _rows(path: str, columns: list[str]) -> list[tuple]:
-    """Rows of a table read with delta-rs; timestamps as epoch milliseconds."""
+def _arrow(path: str, columns: list[str]) -> pa.Table:
+    """Columns of a table read with delta-rs (none when it does not exist); timestamps as epoch milliseconds."""
     if not _exists(path):
-        return []
+        return pa.table({name: pa.array([], pa.int64()) for name in columns})
     table = delta_table(path).to_pyarrow_table(columns=columns)
-    values = []
-    for name in columns:
+    for i, name in enumerate(columns):
         column = table.column(name)
         if str(column.type).startswith("timestamp"):
-            column = column.cast(pa.timestamp("ms", tz="UTC")).cast(pa.int64())
-        values.append(column.to_pylist())
-    return list(zip(*values, strict=True))
+            table = table.set_column(i, name, column.cast(pa.timestamp("ms", tz="UTC")).cast(pa.int64()))
+    return table
 
 
-def _column(path: str, name: str) -> list:
-    return [row[0] for row in _rows(path, [name])]
+def _ids(path: str) -> pa.Array:
+    return ids(_arrow(path, ["record_id"]).column("record_id"))
 
 
 def _inserted_by_commits(path: str) -> int | None:
