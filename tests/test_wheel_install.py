@@ -83,8 +83,8 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_wheel_holds_one_import_name_and_the_java_of_its_stages(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {"onceflow", wheel.name.split("-")[0] + "-0.1.0.dist-info"}
-    assert {"onceflow/jobs/dedup/NotAmong.java", "onceflow/jobs/delta/DeltaCommits.java",
-            "onceflow/jobs/sources/LineOffsets.java", "onceflow/orchestration/definitions.py"} <= set(names)
+    assert {"onceflow/jobs/dedup/NotAmong.java", "onceflow/jobs/sources/LineOffsets.java",
+            "onceflow/orchestration/definitions.py"} <= set(names)
     entry_points = zipfile.ZipFile(wheel).read("onceflow-0.1.0.dist-info/entry_points.txt").decode()
     assert "onceflow = onceflow.orchestration.cli.main:main" in entry_points
 

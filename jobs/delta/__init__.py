@@ -1,3 +1,3 @@
 """Delta tables as onceflow commits to them: SetTransaction-idempotent commits, what the log says was committed,
-schema evolution, table maintenance (the Java `DeltaCommits.java`). Imports `declare`, `dedup` and
+schema evolution, table maintenance, the data files of an append over Spark Connect. Imports `declare`, `dedup` and
 `onceflow.resources`."""

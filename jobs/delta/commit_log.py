@@ -73,13 +73,6 @@ def committed_metadata(
     return found
 
 
-def committing_attempt(path: str, app_id: str, version: int) -> str | None:
-    """The attempt (`ATTEMPT_KEY`) whose commit holds `(app_id, version)` in the table at `path`; None if no commit
-    of it names one. Looked for among the newest commits first: the one wanted is almost always there."""
-    found = committed_metadata(path, app_id, [version], lookback=20) or committed_metadata(path, app_id, [version])
-    return found.get(version, {}).get(ATTEMPT_KEY)
-
-
 def own_commit_version(path: str, metadata: dict[str, Any], after: int) -> int:
     """The version of the commit that carried `metadata` when it is the one right after version `after`, else
     `after`: the newest version up to which this writer knows every commit."""

@@ -3,8 +3,8 @@
 Delta skips a write whose `(txnAppId, txnVersion)` the table has already seen, atomically with the commit, so a
 replayed batch is a no-op before any row is compared. For SQL commands (MERGE) the ids travel as session
 settings; they are set and cleared around exactly one command under a lock, so no two writers of this process
-ever share them. Appends (`append_once`) have Delta's writer write the files and delta-rs commit them with the
-SetTransaction (see there).
+ever share them. Appends (`append_once`) have Spark write the files (Delta's writer on a classic session, Spark's
+Parquet writer over Spark Connect) and delta-rs commit them with the SetTransaction (see there).
 
 Also here: how Delta names a lost commit race, and the retention every onceflow table is created with (what the
 log says about commits is `onceflow.jobs.delta.commit_log`).
@@ -16,7 +16,6 @@ import json
 import os
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -29,7 +28,8 @@ from deltalake.transaction import AddAction, CommitProperties, Transaction
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from onceflow.jobs.delta.commit_log import ATTEMPT_KEY, committing_attempt, holds_batch
+from onceflow.jobs.delta.commit_log import holds_batch
+from onceflow.jobs.delta.parquet_files import write_parquet_files
 from onceflow.jobs.delta.schema_evolution import conform
 from onceflow.resources.delta_storage import storage_options, table_snapshot
 
@@ -40,8 +40,6 @@ _lock = threading.Lock()
 _created: set[str] = set()
 _starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onceflow-delta-txn")
 CREATE_RACE_CHECKS = 20
-_NEWER_COMMIT = "DELTA_CONCURRENT_COMMIT_AFTER_READ"
-"""Names the conflict `_merge_on_version` raises itself (Delta's error classes share the prefix)."""
 # How Delta names the conflicts of two writers committing at once (class names, or error classes over Connect).
 _CONFLICTS = ("DELTA_CONCURRENT_", "ConcurrentAppendException", "ConcurrentTransactionException",
               "ConcurrentDeleteReadException", "ConcurrentDeleteDeleteException", "MetadataChangedException")
@@ -124,7 +122,7 @@ def delta_transaction(spark: SparkSession, app_id: str, version: int, metadata: 
 def begin_append(spark: SparkSession, path: str, prepare: Callable[[], None] | None = None) -> Future | None:
     """Run `prepare` if given (it makes sure the tables exist), then start the Delta transaction whose writer
     `append_once` will use on the table at `path`, both in the background; None over Spark Connect, where
-    nothing runs (the caller prepares, and Delta's `txnAppId` append does it all).
+    nothing runs (the caller prepares, and `append_once` reads the table's definition with delta-rs).
 
     Starting a transaction brings Spark's view of the table up to date, which after a commit by delta-rs is a
     Spark job of its own, and a first batch creates its tables: begun while the batch is read and validated, both
@@ -150,8 +148,7 @@ def append_once(
     read_version: int | None = None,
 ) -> bool:
     """Append `df` to the Delta table at `path` as the transaction `(app_id, version)`; False (nothing written) when
-    the table has committed that transaction already (`metadata[ATTEMPT_KEY]`, when given, tells this attempt's
-    commit from another's). `begun` is the table's `begin_append`, if started.
+    the table has committed that transaction already. `begun` is the table's `begin_append`, if started.
 
     `read_version`: the table version the rows were found new against. The commit is then made on that version
     and fails (`CommitFailedError`) if any writer, whatever its app id, committed since: a blind append rebased
@@ -162,20 +159,21 @@ def append_once(
     transactions first, and a concurrent commit of the same `(app_id, version)` makes this one fail (delta-rs's
     conflict check, as Spark's): exactly as safe as Delta's `txnAppId` append, but without the Spark state
     reconstruction that append runs to read the transactions (paid on every commit, and growing with the table).
-    Over Spark Connect, whose client cannot reach Delta's writer, Delta's `txnAppId` append does it all, or with
-    `read_version` an insert-only MERGE that conflicts with every commit since (`_merge_on_version`).
+    Over Spark Connect, whose client cannot reach Delta's writer, Spark's Parquet writer writes the files for the
+    table's definition at `read_version` (else its newest), with the statistics Delta's writer would keep
+    (`onceflow.jobs.delta.parquet_files`), and delta-rs commits them the same way. (Delta's own `txnAppId` append
+    is blind to `read_version`, and an insert-only MERGE that conflicts with every commit since cost the commit
+    ten times as much.) Spark's Parquet writer does not check NOT NULL columns: the rows are validated ones
+    (`onceflow.jobs.ingest.validation`), whose ID is never null.
     """
     if holds_batch(path, app_id, version):
         return False
-    if not hasattr(df, "_jdf") and read_version is not None:  # a Spark Connect DataFrame, decided on a version
-        return _merge_on_version(df, path, app_id, version, metadata, read_version)
     text = json.dumps(metadata, sort_keys=True)
-    if not hasattr(df, "_jdf"):  # a Spark Connect DataFrame
-        (df.write.format("delta").mode("append").option("txnAppId", app_id).option("txnVersion", version)
-         .option("userMetadata", text).save(path))
-        # Delta skips an append whose transaction it has seen without saying so: the commit says whose it is.
-        return ATTEMPT_KEY not in metadata or committing_attempt(path, app_id, version) == metadata[ATTEMPT_KEY]
-    written_for, adds = _write_files(df, path, begun)
+    if hasattr(df, "_jdf"):
+        written_for, adds = _write_files(df, path, begun)
+    else:  # a Spark Connect DataFrame: its client cannot reach Delta's writer
+        written_for = latest_version(path) if read_version is None else read_version
+        adds = write_parquet_files(df, _table(path, version=written_for))
     table = _table(path, version=read_version)
     if holds_batch(path, app_id, version):
         return False  # committed meanwhile; the files just written stay unreferenced until VACUUM removes them
@@ -197,35 +195,6 @@ def append_once(
         ),
     )
     return True
-
-
-def _merge_on_version(
-    df: DataFrame, path: str, app_id: str, version: int, metadata: dict[str, Any], read_version: int
-) -> bool:
-    """Over Spark Connect, append `df` as the transaction `(app_id, version)` unless any commit followed version
-    `read_version` (then a conflict error); False when the table has committed the transaction already.
-
-    Delta's `txnAppId` append is blind: it commits beside any concurrent commit. This is an insert-only MERGE
-    instead, whose match condition names a record ID no file's statistics admit (so it reads next to nothing) yet
-    makes Delta record a read of the whole table: any file a later commit adds, whatever its app id, conflicts
-    with it. Its source checks, once the MERGE's transaction has taken its snapshot, that the table has no commit
-    after `read_version`; the two together leave no commit since the rows were found new unchecked.
-    """
-    spark = df.sparkSession
-    view = f"onceflow_append_{uuid.uuid4().hex}"
-    df.createOrReplaceTempView(view)
-    newer = f"reflect('io.onceflow.DeltaCommits', 'exists', '{path}', CAST({read_version + 1} AS BIGINT))"
-    guarded = (f"SELECT * FROM {view} WHERE CASE WHEN (SELECT {newer}) = 'true' THEN raise_error("
-               f"'{_NEWER_COMMIT}: {path} has a commit after version {read_version}') ELSE true END")
-    try:
-        with delta_transaction(spark, app_id, version, metadata):
-            answer = spark.sql(
-                f"MERGE INTO delta.`{path}` t USING ({guarded}) s ON t.record_id = '' AND t.record_id = s.record_id "
-                "WHEN NOT MATCHED THEN INSERT *"
-            ).collect()
-    finally:
-        spark.catalog.dropTempView(view)
-    return bool(answer)  # Delta skips a MERGE whose SetTransaction it has seen: no result row, no commit
 
 
 def _write_files(df: DataFrame, path: str, begun: Future | None) -> tuple[int, list[AddAction]]:
