@@ -16,6 +16,7 @@ import json
 import os
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -29,9 +30,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from onceflow.jobs.delta.commit_log import holds_batch
-from onceflow.jobs.delta.parquet_files import write_parquet_files
 from onceflow.jobs.delta.schema_evolution import conform
-from onceflow.resources.delta_storage import storage_options, table_snapshot
+from onceflow.resources.delta_storage import delta_table, storage_options, table_files, table_snapshot
 
 _APP_ID = "spark.databricks.delta.write.txnAppId"
 _VERSION = "spark.databricks.delta.write.txnVersion"
@@ -159,12 +159,10 @@ def append_once(
     transactions first, and a concurrent commit of the same `(app_id, version)` makes this one fail (delta-rs's
     conflict check, as Spark's): exactly as safe as Delta's `txnAppId` append, but without the Spark state
     reconstruction that append runs to read the transactions (paid on every commit, and growing with the table).
-    Over Spark Connect, whose client cannot reach Delta's writer, Spark's Parquet writer writes the files for the
-    table's definition at `read_version` (else its newest), with the statistics Delta's writer would keep
-    (`onceflow.jobs.delta.parquet_files`), and delta-rs commits them the same way. (Delta's own `txnAppId` append
-    is blind to `read_version`, and an insert-only MERGE that conflicts with every commit since cost the commit
-    ten times as much.) Spark's Parquet writer does not check NOT NULL columns: the rows are validated ones
-    (`onceflow.jobs.ingest.validation`), whose ID is never null.
+    Over Spark Connect, whose client cannot reach the writer of a transaction, Delta's writer writes the files as
+    a staging table inside the table, for its definition at `read_version` (else its newest), and delta-rs commits
+    them the same way (`_write_staged`). (Delta's own `txnAppId` append is blind to `read_version`, and an
+    insert-only MERGE that conflicts with every commit since cost several times as much.)
     """
     if holds_batch(path, app_id, version):
         return False
@@ -173,7 +171,7 @@ def append_once(
         written_for, adds = _write_files(df, path, begun)
     else:  # a Spark Connect DataFrame: its client cannot reach Delta's writer
         written_for = latest_version(path) if read_version is None else read_version
-        adds = write_parquet_files(df, _table(path, version=written_for))
+        adds = _write_staged(df, _table(path, version=written_for))
     table = _table(path, version=read_version)
     if holds_batch(path, app_id, version):
         return False  # committed meanwhile; the files just written stay unreferenced until VACUUM removes them
@@ -212,6 +210,32 @@ def _write_files(df: DataFrame, path: str, begun: Future | None) -> tuple[int, l
         adds.append(AddAction(add["path"], add["size"], add["partitionValues"], add["modificationTime"],
                               add["dataChange"], add["stats"]))
     return transaction.snapshot().version(), adds
+
+
+def _write_staged(df: DataFrame, table: DeltaTable) -> list[AddAction]:
+    """Over Spark Connect, write `df` as data files of `table`, uncommitted: their add actions.
+
+    Delta's writer writes them, as on a classic session, into a staging table of their own inside the table
+    (`onceflow-<uuid>/`), made with the table's schema, partitioning and settings: partitioned, with Delta's
+    statistics and constraint checks, and without renames (which object storage pays for, and the GCS emulator
+    refuses). Its commit's add actions, re-rooted, describe them; the staging log is then removed. An attempt that
+    never commits leaves unreferenced files, which VACUUM removes as it removes those of a failed Delta write.
+    """
+    path = table.table_uri.rstrip("/")
+    directory = f"onceflow-{uuid.uuid4().hex}"
+    staging = f"{path}/{directory}"
+    schema, metadata = T.StructType.fromJson(json.loads(table.schema().to_json())), table.metadata()
+    created = DeltaTable.create(staging, table.schema(), mode="error", partition_by=metadata.partition_columns or None,
+                                configuration=metadata.configuration, storage_options=storage_options(staging))
+    _complete_protocol(created, schema)
+    conform(df, schema, path).write.format("delta").mode("append").save(staging)
+    files, root = table_files(staging)
+    log = f"{root}/_delta_log"
+    with files.open_input_stream(f"{log}/{delta_table(staging).version():020d}.json") as commit:
+        actions = [json.loads(line) for line in commit.read().decode().splitlines() if line.strip()]
+    files.delete_dir(log)
+    return [AddAction(f"{directory}/{add['path']}", add["size"], add["partitionValues"], add["modificationTime"],
+                      add["dataChange"], add["stats"]) for add in (a["add"] for a in actions if "add" in a)]
 
 
 def _table(path: str, version: int | None = None) -> DeltaTable:

@@ -1,10 +1,9 @@
-"""An append over Spark Connect: Spark's Parquet writer writes the files, delta-rs commits them with the
-SetTransaction and the statistics Delta's writer would keep (`onceflow.jobs.delta.parquet_files`). Read back with
-delta-rs; the statistics are checked against the rows each file really holds."""
+"""An append over Spark Connect: Delta's writer writes the files as a staging table inside the table, delta-rs
+commits them with the SetTransaction (`onceflow.jobs.delta.transactions._write_staged`). Read back with delta-rs;
+each file's statistics are checked against the rows it really holds."""
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -16,7 +15,6 @@ from deltalake.exceptions import CommitFailedError
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
-from onceflow.jobs.delta.parquet_files import STATS_PREFIX, footer_stats, partition_values
 from onceflow.jobs.delta.transactions import append_once, create_table_once, table_properties
 
 SCHEMA = T.StructType([
@@ -27,7 +25,8 @@ SCHEMA = T.StructType([
     T.StructField("batch_id", T.LongType()),
     T.StructField("time_bucket", T.LongType()),
 ])
-LONG = "x" * STATS_PREFIX  # a record ID longer than Delta keeps of a statistic
+STATS_PREFIX = 32  # characters of a string statistic Delta's writer keeps
+LONG = "x" * STATS_PREFIX  # a record ID longer than that
 
 
 def rows(batch: int, count: int) -> list[tuple]:
@@ -60,16 +59,19 @@ def test_a_connect_append_commits_spark_written_files_with_deltas_statistics(spa
     assert sum(a["num_records"] for a in adds if a["partition.time_bucket"] == 1) == 20
     for add in adds:
         assert add["path"].startswith("onceflow-") and f"/time_bucket={add['partition.time_bucket']}/" in add["path"]
-        held = pq.read_table(Path(table) / add["path"]).to_pylist()
-        ids, times = [r["record_id"] for r in held], [r["event_time"] for r in held]
+        held = pq.read_table(Path(table) / add["path"], coerce_int96_timestamp_unit="us").to_pylist()
+        ids, times = [r["record_id"] for r in held], [r["event_time"].replace(tzinfo=UTC) for r in held]
         assert add["num_records"] == len(held) > 0
         assert add["min.record_id"] == min(ids)[:STATS_PREFIX] == LONG
-        assert add["max.record_id"] == LONG + "\U0010ffff" >= max(ids)  # cut as Delta cuts it: still a bound
-        assert add["min.event_time"] <= min(times) and add["max.event_time"] >= max(times)
-        assert add["max.event_time"] - max(times) < timedelta(milliseconds=1)
+        # Cut as Delta cuts a long maximum (its first 32 characters, then a tie-breaker): still a bound.
+        assert add["max.record_id"].startswith(LONG) and len(add["max.record_id"]) == 33 and add[
+            "max.record_id"] >= max(ids)
+        # Delta keeps times to the millisecond (its readers allow for the cut maximum).
+        assert add["min.event_time"] <= min(times) and timedelta(0) <= max(times) - add["max.event_time"] < timedelta(
+            milliseconds=1)
         assert add["min.batch_id"] == add["max.batch_id"] == 1 and add["null_count.batch_id"] == 0
         assert "min.amount" not in add or add["min.amount"] is None  # not a statistics column
-    assert not list(Path(table).glob("onceflow-*/_SUCCESS"))
+    assert not list(Path(table).glob("onceflow-*/_delta_log"))  # the staging tables' logs are gone
     # A replay writes nothing; an append decided against an older version fails rather than rebases.
     assert not append_once(spark.createDataFrame(written, SCHEMA), table, "p/raw", 1, {"batch": 1}, read_version=0)
     with pytest.raises(CommitFailedError):
@@ -78,22 +80,3 @@ def test_a_connect_append_commits_spark_written_files_with_deltas_statistics(spa
     assert DeltaTable(table).to_pyarrow_table().num_rows == 44
     # Spark reads the table delta-rs committed, its statistics included.
     assert spark.read.format("delta").load(table).where(f"record_id < '{LONG}01-005'").count() == 5
-
-
-def test_footer_statistics_are_bounds_in_deltas_form(tmp_path: Path) -> None:
-    file = tmp_path / "part.parquet"
-    times = [datetime(2026, 1, 1, 0, 0, 0, 999, tzinfo=UTC), datetime(2026, 1, 1, 0, 0, 1, 1, tzinfo=UTC)]
-    pq.write_table(pa.table({
-        "record_id": ["b" * 40 + "😀", "a"], "event_time": pa.array(times, pa.timestamp("us", tz="UTC")),
-        "n": pa.array([None, 7], pa.int64()), "price": pa.array([1.5, 2.5]),
-    }), file, row_group_size=1)
-    stats = footer_stats(pq.read_metadata(file), {"record_id", "event_time", "n", "price"})
-    assert stats["numRecords"] == 2
-    assert stats["minValues"] == {"record_id": "a", "event_time": "2026-01-01T00:00:00.000Z", "n": 7}
-    assert stats["maxValues"] == {"record_id": "b" * 32 + "\U0010ffff", "event_time": "2026-01-01T00:00:01.001Z",
-                                  "n": 7}
-    assert stats["nullCount"] == {"record_id": 0, "event_time": 0, "n": 1, "price": 0}
-    assert json.loads(json.dumps(stats)) == stats
-    assert partition_values("t/onceflow-1/day=2026-01-01/city=S%C3%A3o%20Paulo/part-0.parquet",
-                            ["city", "day", "hour"]) == {"city": "São Paulo", "day": "2026-01-01", "hour": None}
-    assert partition_values("t/onceflow-1/day=__HIVE_DEFAULT_PARTITION__/part-0.parquet", ["day"]) == {"day": None}
