@@ -60,7 +60,12 @@ def produce_lines(broker: KafkaBroker, directory: Path) -> int:
     for path in sorted(directory.glob("*.jsonl")):
         for line in path.read_text().splitlines():
             event_id = str(json.loads(line)[CLEAN.id_field]).encode()
-            producer.produce(TOPIC, value=line.encode(), key=event_id, headers=[("event_id", event_id)])
+            while True:
+                try:
+                    producer.produce(TOPIC, value=line.encode(), key=event_id, headers=[("event_id", event_id)])
+                    break
+                except BufferError:  # the producer's queue is full: let it deliver some first
+                    producer.poll(0.5)
             producer.poll(0)
             sent += 1
     if producer.flush(60):
