@@ -162,7 +162,7 @@ def append_once(
     Over Spark Connect, whose client cannot reach the writer of a transaction, Delta's writer writes the files as
     a staging table inside the table, for its definition at `read_version` (else its newest), and delta-rs commits
     them the same way (`_write_staged`). (Delta's own `txnAppId` append is blind to `read_version`, and an
-    insert-only MERGE that conflicts with every commit since cost several times as much.)
+    insert-only MERGE that conflicts with every commit since cost about twice as much.)
     """
     if holds_batch(path, app_id, version):
         return False
