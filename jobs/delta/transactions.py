@@ -3,8 +3,8 @@
 Delta skips a write whose `(txnAppId, txnVersion)` the table has already seen, atomically with the commit, so a
 replayed batch is a no-op before any row is compared. For SQL commands (MERGE) the ids travel as session
 settings; they are set and cleared around exactly one command under a lock, so no two writers of this process
-ever share them. Appends (`append_once`) have Spark write the files (Delta's writer on a classic session, Spark's
-Parquet writer over Spark Connect) and delta-rs commit them with the SetTransaction (see there).
+ever share them. Appends (`append_once`) have Delta's writer write the files (through a transaction on a classic
+session, into a staging table over Spark Connect) and delta-rs commit them with the SetTransaction (see there).
 
 Also here: how Delta names a lost commit race, and the retention every onceflow table is created with (what the
 log says about commits is `onceflow.jobs.delta.commit_log`).
