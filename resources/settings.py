@@ -21,6 +21,7 @@ PREFIX = "ONCEFLOW_"
 CRASH_POINTS = frozenset(
     {
         "watermark.after_drain",
+        "watermark.before_ack",
         "land.before_persist",
         "land.after_persist",
         "ingest.after_dead_letters",

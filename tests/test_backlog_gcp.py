@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from onceflow.jobs.sources.backlog import BacklogUnknown, CloudMonitoringBacklogProbe
+from onceflow.jobs.sources.backlog import BacklogUnknown
+from onceflow.jobs.sources.cloud_backlog import CloudMonitoringBacklogProbe
 from onceflow.jobs.sources.tracking import TrackingSample
 from onceflow.jobs.sources.watermark import PubSubWatermark
 

@@ -1,5 +1,5 @@
 """Holes found by reading the code for overlapping faults, each closed and shown here: tracking samples persisted
-before they are acked, time zones, dead letters held once, two launches of one batch or one window at once."""
+before they are acked and recognised when shown again, time zones, dead letters held once, two launches of one batch or one window at once."""
 
 from __future__ import annotations
 
@@ -58,6 +58,33 @@ def test_tracking_samples_of_a_killed_run_still_hold_the_watermark(
     assert watermark.current(int(time.time() * 1000)) <= old
     (result,) = drain(lambda: spark, source)
     assert result.inserted == 5 and read_rows(source.raw_path, RAW) == expected_raw(events)
+
+
+def test_a_killed_runs_unacked_drain_shown_again_after_its_commit_does_not_hold_the_watermark(
+    spark: SparkSession, pubsub_emulator: PubSubEmulator, home: Path
+) -> None:
+    project = new_project()
+    pipeline = events_pipeline(ack_deadline_s=30)
+    client, source = setup(project, str(home), pipeline)
+    events = make_events(5, int(time.time() * 1000), 1000, seed=3)
+    publish_events(client, TOPIC, events)
+
+    # The run saves what the tracking drain saw and is killed before acking it: the emulator keeps it leased.
+    crashed = dagster_micro_batch(str(home), "watermark.before_ack", pubsub_project=project, ack_deadline_s="30")
+    assert "crash injected at watermark.before_ack" in crashed.stderr + crashed.stdout, crashed.stderr[-2000:]
+    leased_until = time.monotonic() + 30
+    (result,) = drain(lambda: spark, source)  # the next run commits them from the base subscription
+    assert result.inserted == 5
+    time.sleep(max(0.0, leased_until + 1 - time.monotonic()))  # then the tracking subscription shows them again
+
+    started_ms = int(time.time() * 1000)
+    source.reader.before_batch(started_ms)
+    probe = source.checkpoints.load().watermark["probe"]
+    # Seen again by this drain (still leased until it is acked), and not pending: pending, they would hold the
+    # watermark until ten minutes of newer messages were committed, for ever once publishing stops.
+    assert sorted(at for _, _, at in probe["leased"]) == [started_ms] * 5, probe
+    assert probe["pending"] == [] and probe["overflow"] == []
+    assert read_rows(source.raw_path, RAW) == expected_raw(events)
 
 
 def test_another_time_zone_on_the_session_changes_no_bucket_and_no_window(

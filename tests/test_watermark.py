@@ -15,10 +15,10 @@ import pytest
 from onceflow.jobs.sources.backlog import (
     BacklogProbe,
     BacklogUnknown,
-    CloudMonitoringBacklogProbe,
     EmulatorBacklogProbe,
     MessageKey,
 )
+from onceflow.jobs.sources.cloud_backlog import CloudMonitoringBacklogProbe
 from onceflow.jobs.sources.kafka_watermark import KafkaWatermark
 from onceflow.jobs.sources.tracking import TrackingSample
 from onceflow.jobs.sources.watermark import FileWatermark, PubSubWatermark, WatermarkEstimator
@@ -116,6 +116,9 @@ class FakeProbe:
         return self.oldest
 
     def tracked(self, samples: Sequence[TrackingSample], tracked_through_ms: int | None) -> None:
+        return None
+
+    def acked(self, drain_started_ms: int) -> None:
         return None
 
     def committed(self, messages: Iterable[MessageKey]) -> None:
@@ -337,6 +340,7 @@ def test_histogram_is_pruned_to_the_band() -> None:
         now = T0 + second * 1_000
         batch = [Msg(f"{second}.{k}", now - 1_000 + 100 * k + 100, now - 400 * k) for k in range(10)]
         watermark.observe([m.sample() for m in batch], now)
+        watermark.acked(now)
         watermark.committed(m.key for m in batch)
         watermark.current(now)
         counts.append(watermark.bucket_count)
@@ -345,7 +349,7 @@ def test_histogram_is_pruned_to_the_band() -> None:
     assert set(counts[10:]) == {11}
     state = watermark.to_state()
     assert [b[0] for b in state["buckets"]] == [T0 + 3_590_000 + 1_000 * i for i in range(11)]
-    assert state["probe"]["pending"] == [] and state["probe"]["early"] == []
+    assert state["probe"]["pending"] == [] and state["probe"]["early"] == [] and state["probe"]["leased"] == []
     assert len(json.dumps(state)) < 1_000
 
 
@@ -383,6 +387,55 @@ def test_emulator_probe_tracks_pending_and_early_commits() -> None:
     assert probe.to_state()["early"] == [["b", T0 + 2]]
     probe.tracked([], T0 + 2 + 600_001)
     assert probe.to_state()["early"] == []
+
+
+def test_emulator_probe_recognises_a_killed_drains_redelivery_after_the_commit() -> None:
+    """A run persisted its drain, then was killed before acking it; the next run committed those messages from
+    the base subscription; once their lease runs out, after publishing stopped, the tracking subscription shows
+    them again. Pending again, they would hold the watermark for ever."""
+
+    def reloaded(probe: EmulatorBacklogProbe) -> EmulatorBacklogProbe:
+        return EmulatorBacklogProbe(redelivery_ms=120_000).from_state(json.loads(json.dumps(probe.to_state())))
+
+    probe = EmulatorBacklogProbe(redelivery_ms=120_000)
+    drained = [TrackingSample("1", T0 + 1, 0), TrackingSample("2", T0 + 2, 0)]
+    probe.tracked(drained, T0 + 10)
+    probe = reloaded(probe)  # killed here: never acked
+    probe.tracked([], T0 + 5_000)  # the next run; the killed drain's messages are still leased
+    probe.acked(T0 + 5_000)
+    probe.committed([("1", T0 + 1), ("2", T0 + 2)])
+    assert probe.oldest_unacked_ms(T0) is None
+    probe = reloaded(probe)
+    probe.tracked(drained, T0 + 70_000)  # the lease ran out: both come back
+    assert probe.oldest_unacked_ms(T0) is None and probe.pending_count == 0
+    # This drain may be killed unacked too: then they come back once more, and are still recognised...
+    probe = reloaded(probe)
+    probe.tracked(drained, T0 + 70_000 + 120_000)
+    assert probe.oldest_unacked_ms(T0) is None
+    # ...and once a drain is acked, its messages are forgotten: the state keeps only unacknowledged drains.
+    probe.acked(T0 + 70_000 + 120_000)
+    assert probe.to_state()["leased"] == []
+
+
+def test_emulator_probe_forgets_leases_a_window_after_their_drain() -> None:
+    probe = EmulatorBacklogProbe(redelivery_ms=120_000)
+    probe.tracked([TrackingSample("1", T0 + 1, 0)], T0 + 10)  # never acked
+    probe.committed([("1", T0 + 1)])
+    probe.tracked([], T0 + 10 + 120_000)
+    assert probe.to_state()["leased"] == [["1", T0 + 1, T0 + 10]]
+    probe.tracked([], T0 + 10 + 120_001)
+    assert probe.to_state()["leased"] == []
+    # Past the window, a redelivery is pending again: held until `expire_after_ms` of newer commits.
+    probe.tracked([TrackingSample("1", T0 + 1, 0)], T0 + 200_000)
+    assert probe.oldest_unacked_ms(T0) == T0 + 1
+
+
+def test_emulator_probe_keeps_at_most_max_pending_leases() -> None:
+    probe = EmulatorBacklogProbe(max_pending=3)
+    probe.tracked([TrackingSample(str(i), T0 + i, 0) for i in range(5)], T0 + 1_000)
+    probe.tracked([TrackingSample("9", T0 + 9, 0)], T0 + 2_000)
+    assert [key[:2] for key in probe.to_state()["leased"]][-1] == ["9", T0 + 9]
+    assert len(probe.to_state()["leased"]) == 3
 
 
 def test_emulator_probe_keeps_restarted_message_ids_apart_and_expires_lost_ones() -> None:

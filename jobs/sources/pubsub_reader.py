@@ -22,8 +22,9 @@ from pyspark.sql import DataFrame, SparkSession
 from onceflow.jobs.declare.declaration import Pipeline
 from onceflow.jobs.declare.durations import parse_duration
 from onceflow.jobs.declare.sources import PubSubSource
-from onceflow.jobs.sources.backlog import BacklogProbe, CloudMonitoringBacklogProbe, EmulatorBacklogProbe
+from onceflow.jobs.sources.backlog import BacklogProbe, EmulatorBacklogProbe
 from onceflow.jobs.sources.checkpoint import BatchPlan, CheckpointStore, SourceCheckpoint
+from onceflow.jobs.sources.cloud_backlog import CloudMonitoringBacklogProbe
 from onceflow.jobs.sources.landed_ids import LandedRow
 from onceflow.jobs.sources.landing import LANDING_SCHEMA, BatchOutcome
 from onceflow.jobs.sources.tracking import TrackingDrainer
@@ -51,6 +52,7 @@ class PubSubReader:
         self.pipeline, self.source, self.checkpoints, self.landing = pipeline, source, checkpoints, landing
         self._make_client = client
         self._landed: dict[int, list[tuple[str, int]]] = {}
+        self._acked_drains: list[int] = []  # tracking drains acked since the state last saved
 
     @cached_property
     def client(self) -> PubSubClient:
@@ -128,7 +130,8 @@ class PubSubReader:
     def watermark(self, state: dict) -> WatermarkEstimator:
         probe: BacklogProbe
         if self.client.emulated:
-            probe = EmulatorBacklogProbe()
+            # Twice the ack deadline: a lease a killed drain left has run out before it is forgotten.
+            probe = EmulatorBacklogProbe(redelivery_ms=2_000 * (self.source.ack_deadline_s or 60))
         else:
             probe = CloudMonitoringBacklogProbe(self.client.project, self.source.subscription)
         return PubSubWatermark(
@@ -145,17 +148,27 @@ class PubSubReader:
         def observe(checkpoint: SourceCheckpoint) -> SourceCheckpoint:
             watermark = self.watermark(checkpoint.watermark)
             assert isinstance(watermark, PubSubWatermark)
+            self._report_acked(watermark)
             watermark.observe(drained.samples, drained.tracked_through_ms)
             checkpoint.watermark = watermark.to_state()
             return checkpoint
 
         self.checkpoints.update(observe)  # persisted first: only then may the tracking subscription forget them
+        self._acked_drains = []
+        crash_point("watermark.before_ack")
         drainer.ack(drained)
+        self._acked_drains.append(drained.tracked_through_ms)
+
+    def _report_acked(self, watermark: PubSubWatermark) -> None:
+        # Drains this reader acked: saved with the next state, so their redeliveries need not be watched for.
+        for drain_started_ms in self._acked_drains:
+            watermark.acked(drain_started_ms)
 
     def after_commit(
         self, watermark: WatermarkEstimator, plan: BatchPlan, outcome: BatchOutcome, now_ms: int
     ) -> None:
         assert isinstance(watermark, PubSubWatermark)
+        self._report_acked(watermark)
         watermark.committed(self.landed_messages(plan))
 
     def lag(self, plan: BatchPlan) -> dict[str, int]:

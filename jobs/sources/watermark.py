@@ -18,6 +18,9 @@ Wiring, once per micro-batch of a Pub/Sub source (`onceflow.jobs.sources.trackin
     watermark = PubSubWatermark(EmulatorBacklogProbe(), band_ms=10_000).from_state(checkpoint.watermark)
     drain = TrackingDrainer(client, spec.tracking, spec.timestamp_attribute).drain(now_ms)  # before the base pull
     watermark.observe(drain.samples, drain.tracked_through_ms)
+    checkpoint.watermark = watermark.to_state()                        # persisted, then the drain is acked
+    TrackingDrainer(...).ack(drain)
+    watermark.acked(drain.tracked_through_ms)                          # saved with the next state
     ...land and ingest the batch...
     watermark.committed(zip(message_ids, publish_times_ms))            # the batch just committed
     watermark.current(now_ms)
@@ -146,6 +149,10 @@ class PubSubWatermark:
             self._tracked_through_ms = tracked_through_ms
         self._coarsen()
         self.probe.tracked(samples, tracked_through_ms)
+
+    def acked(self, drain_started_ms: int) -> None:
+        """Report the tracking drain that began at `drain_started_ms` acknowledged (passed on to the probe)."""
+        self.probe.acked(drain_started_ms)
 
     def committed(self, messages: Iterable[MessageKey]) -> None:
         """Report base-subscription messages `(message_id, publish_time_ms)` committed to the raw table.
