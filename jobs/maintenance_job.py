@@ -28,7 +28,11 @@ def build_maintenance_job(pipelines: list[Pipeline]) -> tuple[dg.JobDefinition, 
             for report in maintain(session, pipeline, tables, floor):
                 compacted = (f", compacted time buckets below {report.compacted_below_bucket}"
                              if report.compacted_below_bucket is not None else "")
-                context.log.info(f"{pipeline.name} {report.table}: retention {pipeline.retention}, vacuumed{compacted}")
+                staging = (f", removed {report.staging_logs_removed} abandoned staging logs"
+                           if report.staging_logs_removed else "")
+                context.log.info(
+                    f"{pipeline.name} {report.table}: retention {pipeline.retention}, vacuumed{compacted}{staging}"
+                )
 
     @dg.job(name=MAINTENANCE_JOB, description="Retention, compaction outside the dedup horizon, vacuum within "
             "retention, for every pipeline's tables; never breaks exactly-once or a backfill within retention.")

@@ -26,6 +26,7 @@ CRASH_POINTS = frozenset(
         "land.after_persist",
         "ingest.after_dead_letters",
         "ingest.after_merge",
+        "ingest.append_staged",
         "window.after_close",
         "window.after_merge",
         "commit.after_write_sequence",

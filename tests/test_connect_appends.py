@@ -4,6 +4,10 @@ each file's statistics are checked against the rows it really holds."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -15,7 +19,11 @@ from deltalake.exceptions import CommitFailedError
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
+from onceflow.jobs.delta.staging import remove_abandoned_staging
 from onceflow.jobs.delta.transactions import append_once, create_table_once, table_properties
+from onceflow.orchestration.cli.main import PROJECT_ROOT
+from onceflow.resources.faults import CRASH_EXIT_CODE
+from onceflow.resources.spark_connect import SparkConnectServer
 
 SCHEMA = T.StructType([
     T.StructField("record_id", T.StringType(), False),
@@ -80,3 +88,38 @@ def test_a_connect_append_commits_spark_written_files_with_deltas_statistics(spa
     assert DeltaTable(table).to_pyarrow_table().num_rows == 44
     # Spark reads the table delta-rs committed, its statistics included.
     assert spark.read.format("delta").load(table).where(f"record_id < '{LONG}01-005'").count() == 5
+
+
+KILLED_APPEND = """
+import sys
+from onceflow.jobs.delta.transactions import append_once
+from onceflow.resources.spark import build_spark_session
+from tests.test_connect_appends import SCHEMA, rows
+spark = build_spark_session(remote=sys.argv[2])
+append_once(spark.createDataFrame(rows(1, 10), SCHEMA), sys.argv[1], "p/raw", 1, {"batch": 1}, read_version=0)
+"""
+
+
+def test_maintenance_removes_the_staging_log_of_an_append_killed_mid_write(
+    spark: SparkSession, spark_connect: SparkConnectServer, table: str
+) -> None:
+    if hasattr(spark, "_jsparkSession"):
+        pytest.skip("a classic session writes no staging table")
+    # A process of its own, connecting as any other: pyspark's marks of this process's session stay behind.
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE")}
+    killed = subprocess.run([sys.executable, "-c", KILLED_APPEND, table, spark_connect.url], cwd=PROJECT_ROOT, capture_output=True,
+                            text=True, timeout=300, env={**env, "ONCEFLOW_CRASH_AT": "ingest.append_staged"})
+    assert killed.returncode == CRASH_EXIT_CODE, killed.stderr[-3000:]
+    (left,) = Path(table).glob("onceflow-*/_delta_log")  # the attempt died before removing its staging log
+    assert append_once(spark.createDataFrame(rows(1, 10), SCHEMA), table, "p/raw", 1, {"batch": 1}, read_version=0)
+    emptied = Path(table) / "onceflow-emptied" / "time_bucket=0"  # what VACUUM leaves of a compacted batch's files
+    emptied.mkdir(parents=True)
+
+    assert remove_abandoned_staging(table, older_than_s=3_600) == 0  # it may be an attempt still running
+    assert left.exists() and emptied.exists()
+    assert remove_abandoned_staging(table, older_than_s=3_600, now_s=time.time() + 3_601) == 1
+    assert not list(Path(table).glob("onceflow-*/_delta_log")) and not emptied.parent.exists()
+    assert list(left.parent.glob("time_bucket=*/*.parquet"))  # its data files are VACUUM's to remove
+    delta = DeltaTable(table)
+    assert delta.version() == 1 and sorted(r["record_id"] for r in delta.to_pyarrow_table().to_pylist()) == sorted(
+        r[0] for r in rows(1, 10))

@@ -5,14 +5,17 @@ homes onceflow cannot serve refused at load."""
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from pyarrow.fs import FileType
 from pyspark.sql import SparkSession
 
 from onceflow.jobs.dedup.filter_store import IdFilterStore
+from onceflow.jobs.delta.staging import remove_abandoned_staging
 from onceflow.jobs.ingest.micro_batch import run_micro_batch
 from onceflow.jobs.publish.commit_store import CommitStore
 from onceflow.jobs.publish.sinks import output_sinks, publish_closed
@@ -21,6 +24,7 @@ from onceflow.jobs.sources.reader import open_source, source_watermark_ms
 from onceflow.jobs.windows.panes import CloseStore, Window
 from onceflow.jobs.windows.transform import materialize_windows
 from onceflow.orchestration.workload import expected_raw, make_events, publish_events, with_publisher_retries
+from onceflow.resources.delta_storage import table_files
 from onceflow.resources.emulators.gcs import GcsEmulator
 from onceflow.resources.emulators.pubsub import PubSubEmulator
 from onceflow.resources.lake import LakeResource
@@ -80,6 +84,13 @@ def test_ingest_windows_and_publish_on_a_gcs_home(
 
     assert read_rows(source.raw_path, RAW) == expected_raw(events)
     assert [r.inserted for r in results] == [24, 24, 12] and [r.duplicates_committed for r in results] == [0, 6, 6]
+    # Maintenance finds a killed append's staging log on GCS too, and removes only that.
+    files, root = table_files(source.raw_path)
+    with files.open_output_stream(f"{root}/onceflow-killed/_delta_log/00000000000000000000.json") as log:
+        log.write(b"{}\n")
+    assert remove_abandoned_staging(source.raw_path, 3_600, now_s=time.time() + 3_601) == 1
+    assert files.get_file_info(f"{root}/onceflow-killed/_delta_log/00000000000000000000.json").type == FileType.NotFound
+    assert read_rows(source.raw_path, RAW) == expected_raw(events)
     assert all(r.balances() for r in results)
     # The filters live on GCS and are kept up incrementally: built by the first batch, never rebuilt after; the
     # restored copy catches up on the second batch's commit from the Delta log on GCS.

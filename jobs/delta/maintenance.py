@@ -8,7 +8,9 @@ for that long after the window closed. `maintain` then
 - compacts the raw table only in time buckets below the dedup horizon: no MERGE inserts there any more (records
   that old are dead letters), so compaction never conflicts with ingest;
 - vacuums every table with exactly that retention: files removed within it stay, so every version within it
-  stays readable.
+  stays readable;
+- removes the staging logs that appends over Spark Connect killed mid-write left (`onceflow.jobs.delta.staging`),
+  once older than an hour: no attempt runs that long.
 
 A closed window older than the retention is not recomputed: `check_pinned_input` says why, naming the window,
 its version and when it closed. Its published result stands.
@@ -22,7 +24,10 @@ from pyspark.sql import SparkSession
 
 from onceflow.jobs.declare.declaration import Pipeline
 from onceflow.jobs.delta.raw_table import BUCKET_MS
+from onceflow.jobs.delta.staging import remove_abandoned_staging
 from onceflow.jobs.delta.transactions import table_properties
+
+ABANDONED_AFTER_S = 3_600
 
 
 @dataclass(frozen=True)
@@ -30,6 +35,7 @@ class MaintenanceReport:
     table: str
     compacted_below_bucket: int | None
     vacuumed: bool
+    staging_logs_removed: int
 
 
 def maintain(
@@ -48,7 +54,7 @@ def maintain(
             below = horizon_floor_ms // BUCKET_MS
             spark.sql(f"OPTIMIZE delta.`{path}` WHERE time_bucket < {below}")
         _vacuum(spark, path, hours)
-        reports.append(MaintenanceReport(name, below, True))
+        reports.append(MaintenanceReport(name, below, True, remove_abandoned_staging(path, ABANDONED_AFTER_S)))
     return reports
 
 

@@ -16,7 +16,6 @@ import json
 import os
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -31,7 +30,9 @@ from pyspark.sql import types as T
 
 from onceflow.jobs.delta.commit_log import holds_batch
 from onceflow.jobs.delta.schema_evolution import conform
+from onceflow.jobs.delta.staging import new_staging_directory
 from onceflow.resources.delta_storage import delta_table, storage_options, table_files, table_snapshot
+from onceflow.resources.faults import crash_point
 
 _APP_ID = "spark.databricks.delta.write.txnAppId"
 _VERSION = "spark.databricks.delta.write.txnVersion"
@@ -219,16 +220,18 @@ def _write_staged(df: DataFrame, table: DeltaTable) -> list[AddAction]:
     (`onceflow-<uuid>/`), made with the table's schema, partitioning and settings: partitioned, with Delta's
     statistics and constraint checks, and without renames (which object storage pays for, and the GCS emulator
     refuses). Its commit's add actions, re-rooted, describe them; the staging log is then removed. An attempt that
-    never commits leaves unreferenced files, which VACUUM removes as it removes those of a failed Delta write.
+    never commits leaves unreferenced files, which VACUUM removes as it removes those of a failed Delta write, and
+    maybe its staging log, which maintenance removes (`onceflow.jobs.delta.staging`).
     """
     path = table.table_uri.rstrip("/")
-    directory = f"onceflow-{uuid.uuid4().hex}"
+    directory = new_staging_directory()
     staging = f"{path}/{directory}"
     schema, metadata = T.StructType.fromJson(json.loads(table.schema().to_json())), table.metadata()
     created = DeltaTable.create(staging, table.schema(), mode="error", partition_by=metadata.partition_columns or None,
                                 configuration=metadata.configuration, storage_options=storage_options(staging))
     _complete_protocol(created, schema)
     conform(df, schema, path).write.format("delta").mode("append").save(staging)
+    crash_point("ingest.append_staged")
     files, root = table_files(staging)
     log = f"{root}/_delta_log"
     with files.open_input_stream(f"{log}/{delta_table(staging).version():020d}.json") as commit:
