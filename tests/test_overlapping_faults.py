@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from onceflow.jobs.sources.reader import open_source
+from onceflow.jobs.sources.reader import SourceRuntime, open_source
 from onceflow.jobs.windows.panes import Window
 from onceflow.orchestration.workload import MALFORMED, Event, expected_raw, make_events, publish_events
 from onceflow.resources.emulators.pubsub import PubSubEmulator
@@ -36,19 +36,23 @@ def run_both(command: list[str]) -> list[str]:
     return outputs
 
 
+def killed_after_publishing(home: Path, events: list[Event], point: str, ack_deadline_s: int) -> SourceRuntime:
+    """Publish `events` to a fresh project, then kill a `dagster` micro-batch run at `point`; the source."""
+    project = new_project()
+    client, source = setup(project, str(home), events_pipeline(ack_deadline_s=ack_deadline_s))
+    publish_events(client, TOPIC, events)
+    crashed = dagster_micro_batch(str(home), point, pubsub_project=project, ack_deadline_s=str(ack_deadline_s))
+    assert f"crash injected at {point}" in crashed.stderr + crashed.stdout, crashed.stderr[-2000:]
+    return source
+
+
 def test_tracking_samples_of_a_killed_run_still_hold_the_watermark(
     spark: SparkSession, pubsub_emulator: PubSubEmulator, home: Path
 ) -> None:
-    project = new_project()
-    pipeline = events_pipeline(ack_deadline_s=2)
-    client, source = setup(project, str(home), pipeline)
     old = int(time.time() * 1000) - 10 * 60_000
     events = [Event(f"w{i}", old + i, "k", i) for i in range(5)]
-    publish_events(client, TOPIC, events)
-
     # The run drains the tracking subscription and is killed before it saves what it saw.
-    crashed = dagster_micro_batch(str(home), "watermark.after_drain", pubsub_project=project, ack_deadline_s="2")
-    assert "crash injected at watermark.after_drain" in crashed.stderr + crashed.stdout, crashed.stderr[-2000:]
+    source = killed_after_publishing(home, events, "watermark.after_drain", ack_deadline_s=2)
     time.sleep(3)  # past the tracking subscription's ack deadline: what was drained comes back
 
     source.reader.before_batch(int(time.time() * 1000))
@@ -63,15 +67,9 @@ def test_tracking_samples_of_a_killed_run_still_hold_the_watermark(
 def test_a_killed_runs_unacked_drain_shown_again_after_its_commit_does_not_hold_the_watermark(
     spark: SparkSession, pubsub_emulator: PubSubEmulator, home: Path
 ) -> None:
-    project = new_project()
-    pipeline = events_pipeline(ack_deadline_s=30)
-    client, source = setup(project, str(home), pipeline)
     events = make_events(5, int(time.time() * 1000), 1000, seed=3)
-    publish_events(client, TOPIC, events)
-
     # The run saves what the tracking drain saw and is killed before acking it: the emulator keeps it leased.
-    crashed = dagster_micro_batch(str(home), "watermark.before_ack", pubsub_project=project, ack_deadline_s="30")
-    assert "crash injected at watermark.before_ack" in crashed.stderr + crashed.stdout, crashed.stderr[-2000:]
+    source = killed_after_publishing(home, events, "watermark.before_ack", ack_deadline_s=30)
     leased_until = time.monotonic() + 30
     (result,) = drain(lambda: spark, source)  # the next run commits them from the base subscription
     assert result.inserted == 5

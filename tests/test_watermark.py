@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import SimpleNamespace
@@ -17,6 +17,7 @@ from onceflow.jobs.sources.backlog import (
     BacklogUnknown,
     EmulatorBacklogProbe,
     MessageKey,
+    ReadsBacklogElsewhere,
 )
 from onceflow.jobs.sources.cloud_backlog import CloudMonitoringBacklogProbe
 from onceflow.jobs.sources.kafka_watermark import KafkaWatermark
@@ -106,7 +107,7 @@ def reference_watermarks(messages: list[Msg], ticks: int, band_ms: int = BAND) -
     return out
 
 
-class FakeProbe:
+class FakeProbe(ReadsBacklogElsewhere):
     """A backlog probe whose answer the test sets."""
 
     def __init__(self) -> None:
@@ -114,15 +115,6 @@ class FakeProbe:
 
     def oldest_unacked_ms(self, now_ms: int) -> int | None:
         return self.oldest
-
-    def tracked(self, samples: Sequence[TrackingSample], tracked_through_ms: int | None) -> None:
-        return None
-
-    def acked(self, drain_started_ms: int) -> None:
-        return None
-
-    def committed(self, messages: Iterable[MessageKey]) -> None:
-        return None
 
     def to_state(self) -> dict[str, Any]:
         return {}

@@ -53,6 +53,19 @@ class BacklogProbe(Protocol):
 
     def from_state(self, state: Mapping[str, Any]) -> Self: ...
 
+class ReadsBacklogElsewhere:
+    """For a probe that reads the backlog from elsewhere: what the pipeline saw and committed changes nothing."""
+
+    def tracked(self, samples: Sequence[TrackingSample], tracked_through_ms: int | None) -> None:
+        return None
+
+    def acked(self, drain_started_ms: int) -> None:
+        return None
+
+    def committed(self, messages: Iterable[MessageKey]) -> None:
+        return None
+
+
 class EmulatorBacklogProbe:
     """The base subscription's backlog as onceflow itself saw it, for the Pub/Sub emulator (which has no metrics).
 

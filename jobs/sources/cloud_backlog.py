@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, Self
 
 from google.api_core.exceptions import GoogleAPIError, PermissionDenied
 from google.auth.exceptions import DefaultCredentialsError
 
-from onceflow.jobs.sources.backlog import BacklogUnknown, MessageKey, check_state_kind
-from onceflow.jobs.sources.tracking import TrackingSample
+from onceflow.jobs.sources.backlog import BacklogUnknown, ReadsBacklogElsewhere, check_state_kind
 
 log = logging.getLogger("onceflow")
 _UNKNOWN = "the Pub/Sub backlog is unknown, so the watermark holds: "
 
 
-class CloudMonitoringBacklogProbe:
+class CloudMonitoringBacklogProbe(ReadsBacklogElsewhere):
     """The base subscription's backlog on GCP, from Cloud Monitoring's
     `pubsub.googleapis.com/subscription/oldest_unacked_message_age` (seconds, sampled every 60 s).
 
@@ -30,7 +29,7 @@ class CloudMonitoringBacklogProbe:
     Needs `google-cloud-monitoring` (the `gcp` extra) and, for the pipeline's identity, `roles/monitoring.viewer`
     on the project. A `client` (a `monitoring_v3.MetricServiceClient` or anything with its `list_time_series`)
     replaces the one made from Application Default Credentials. The probe keeps no state worth persisting:
-    `tracked` and `committed` do nothing and `to_state` is just its kind.
+    what the pipeline saw and committed changes nothing and `to_state` is just its kind.
     """
 
     METRIC = "pubsub.googleapis.com/subscription/oldest_unacked_message_age"
@@ -102,15 +101,6 @@ class CloudMonitoringBacklogProbe:
             raise BacklogUnknown(_UNKNOWN + f"permission denied: grant the pipeline's identity {role}") from None
         except GoogleAPIError as error:
             raise BacklogUnknown(_UNKNOWN + f"Cloud Monitoring failed: {error}") from None
-
-    def tracked(self, samples: Sequence[TrackingSample], tracked_through_ms: int | None) -> None:
-        return None
-
-    def acked(self, drain_started_ms: int) -> None:
-        return None
-
-    def committed(self, messages: Iterable[MessageKey]) -> None:
-        return None
 
     def to_state(self) -> dict[str, Any]:
         return {"kind": "cloud_monitoring_backlog"}
