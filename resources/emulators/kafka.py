@@ -116,8 +116,11 @@ def start_kafka_broker(
     (data_dir / "log4j2.properties").write_text(LOG4J2_PROPERTIES)
     command = [java, *JVM_OPTIONS, f"-Dlog4j2.configurationFile={data_dir / 'log4j2.properties'}", "-cp", classpath]
     log_path = data_dir / "broker.log"
-    # Kafka's cluster IDs are 16 random bytes in URL-safe base64 without padding.
-    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    # Kafka's cluster IDs are 16 random bytes in URL-safe base64 without padding, never starting with "-" (as
+    # Kafka's own `Uuid.randomUuid`): the storage tool would read one that does as an option.
+    cluster_id = "-"
+    while cluster_id.startswith("-"):
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
     formatted = subprocess.run(
         [*command, "kafka.tools.StorageTool", "format", "--standalone", "--cluster-id", cluster_id,
          "--config", str(properties)],
