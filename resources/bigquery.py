@@ -11,24 +11,42 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
-import dagster_gcp
-from google.cloud import bigquery
+import dagster as dg
 from pydantic import Field
 
+if TYPE_CHECKING:
+    from google.cloud import bigquery
 
-class BigQueryResource(dagster_gcp.BigQueryResource):
-    """dagster-gcp's BigQuery resource with an optional `api_endpoint`."""
 
+class BigQueryResource(dg.ConfigurableResource):
+    """dagster-gcp's BigQuery resource (the same settings, the client made by it), plus an optional `api_endpoint`.
+
+    dagster-gcp and google-cloud-bigquery are imported when a client is first asked for: importing them takes
+    seconds, which every run process (a micro-batch's among them) would otherwise pay before its first batch.
+    """
+
+    project: str | None = Field(default=None, description="Project the client acts for (default: ADC's).")
+    location: str | None = Field(default=None, description="Default location for jobs, datasets and tables.")
+    gcp_credentials: str | None = Field(
+        default=None, description="A service-account key, base64-encoded (dagster-gcp's `gcp_credentials`)."
+    )
     api_endpoint: str | None = Field(default=None, description="BigQuery API endpoint, e.g. a local emulator.")
 
     @contextmanager
     def get_client(self) -> Iterator[bigquery.Client]:
         if self.api_endpoint is None:
-            with super().get_client() as client:
+            import dagster_gcp
+
+            connection = dagster_gcp.BigQueryResource(
+                project=self.project, location=self.location, gcp_credentials=self.gcp_credentials
+            )
+            with connection.get_client() as client:
                 yield client
             return
         from google.auth.credentials import AnonymousCredentials
+        from google.cloud import bigquery
 
         # An emulator takes no credentials; a project must be named since there is no ADC to infer it from.
         client = bigquery.Client(
