@@ -3,13 +3,18 @@ both; `prod` talks to Google Cloud only and takes its secret through `dg.EnvVar`
 
 from __future__ import annotations
 
+import base64
+import json
 from pathlib import Path
 
 import dagster as dg
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 
 from onceflow.orchestration.definitions import definitions
 from onceflow.orchestration.deployments import GCP_CREDENTIALS_VARIABLE
+from onceflow.resources.bigquery import BigQueryResource
 from onceflow.resources.settings import SettingsError
 from onceflow.resources.spark_connect import SparkConnectServer
 
@@ -79,3 +84,17 @@ def test_an_unknown_deployment_is_refused_naming_the_variable(monkeypatch: pytes
     monkeypatch.setenv("ONCEFLOW_DEPLOYMENT", "staging")
     with pytest.raises(SettingsError, match="ONCEFLOW_DEPLOYMENT='staging'"):
         definitions()
+
+
+def test_prod_bigquery_client_is_dagster_gcps_made_with_the_resources_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()).decode()
+    account = {"type": "service_account", "project_id": "acme-keys", "private_key_id": "1", "private_key": key,
+               "client_email": "onceflow@acme-keys.iam.gserviceaccount.com", "client_id": "1",
+               "token_uri": "https://oauth2.googleapis.com/token"}
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    encoded = base64.b64encode(json.dumps(account).encode()).decode()
+    resource = BigQueryResource(project="acme-warehouse", location="EU", gcp_credentials=encoded)
+    with resource.get_client() as client:  # made without a network call
+        assert (client.project, client.location) == ("acme-warehouse", "EU")
+        assert client._credentials.service_account_email == account["client_email"]
