@@ -14,6 +14,7 @@ import dagster as dg
 import pytest
 from pyspark.sql import SparkSession
 
+from onceflow.jobs.ingest import micro_batch
 from onceflow.jobs.ingest.micro_batch import run_micro_batch
 from onceflow.jobs.sources.checkpoint import EpochStore
 from onceflow.jobs.sources.reader import open_source
@@ -116,6 +117,42 @@ def test_a_checkpoint_restored_from_an_old_copy_loses_nothing(
     landed = landed_records(source)
     assert set(landed.column("record_id").to_pylist()) == {e.event_id for e in first + later + extra}
     assert reconcile_source(source, landed).ok
+
+
+def test_an_old_copy_restored_while_a_batch_runs_still_learns_the_batches_it_skips(
+    spark: SparkSession, pubsub_emulator: PubSubEmulator, home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pipeline = events_pipeline(max_messages=100)
+    client, source = setup(new_project(), str(home), pipeline)
+    events = make_events(300, START_MS, 60_000, seed=6)
+    publish_events(client, TOPIC, events[:100])
+    drain(lambda: spark, source)
+    backup = tmp_path / "checkpoints-backup"
+    publish_events(client, TOPIC, events[100:200])
+    source.reader.before_batch(int(time.time() * 1000))  # the tracking subscription shows batch 2's messages
+    shutil.copytree(home / "checkpoints", backup)  # taken after batch 1, with batch 2's messages pending
+    drain(lambda: spark, source)
+    publish_events(client, TOPIC, events[200:])
+
+    # Batch 3 is planned on the checkpoint of batch 2; while it is ingested, the old copy comes back (as the chaos
+    # harness's rollback does). Its checkpoint update then finds batch 1 there, below the batch before its own.
+    ingest = micro_batch.ingest_batch
+
+    def restored_meanwhile(*args, **kwargs):
+        result = ingest(*args, **kwargs)
+        shutil.rmtree(home / "checkpoints")
+        shutil.copytree(backup, home / "checkpoints")
+        return result
+
+    monkeypatch.setattr(micro_batch, "ingest_batch", restored_meanwhile)
+    (result,) = drain(lambda: spark, source)
+    assert result.batch_id == 3 and result.inserted == 100
+
+    checkpoint = source.checkpoints.load()
+    assert checkpoint.committed_batch == 3 and [b for b, _ in checkpoint.recent_batches] == [1, 2, 3]
+    # Batch 2's messages count as committed: pending, they would hold the watermark until newer commits expire them.
+    assert checkpoint.watermark["probe"]["pending"] == []
+    assert read_rows(source.raw_path, RAW) == expected_raw(events)
 
 
 def test_a_reset_starts_a_new_epoch_with_a_new_app_id(

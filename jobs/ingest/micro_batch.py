@@ -24,6 +24,7 @@ from onceflow.jobs.ingest.batch_ingest import EVENT_TIMES_KEY, ingest_batch
 from onceflow.jobs.ingest.result import IngestResult
 from onceflow.jobs.sources.checkpoint import BatchPlan, SourceCheckpoint
 from onceflow.jobs.sources.reader import SourceReader, SourceRuntime, source_watermark_ms
+from onceflow.jobs.sources.watermark import WatermarkEstimator
 from onceflow.resources.faults import crash_point
 from onceflow.resources.spark_functions import register_spark_functions
 
@@ -52,7 +53,7 @@ def run_micro_batch(get_spark: Callable[[], SparkSession], source: SourceRuntime
         log.warning(f"{source.app_id} batch {plan.batch_id}: a concurrent attempt committed it first; this run "
                     "wrote nothing and counts that commit's figures")
     crash_point("ingest.after_merge")
-    source.checkpoints.update(lambda c: advanced(reader, c, plan, result))
+    source.checkpoints.update(lambda c: advanced(source, c, plan, result))
     return result
 
 
@@ -110,27 +111,35 @@ def align_with_lake(source: SourceRuntime) -> tuple[SourceCheckpoint, int | None
     carried = source.plans.metadatas(range(next_batch, lake + 1))
 
     def realign(c: SourceCheckpoint) -> SourceCheckpoint:
-        # The batches it skips are committed: their messages leave the source's backlog as if each had advanced
-        # the checkpoint (else a backlog kept from what onceflow saw waits for them for ever).
         watermark = source.reader.watermark(c.watermark)
-        for batch in range(c.committed_batch + 1, lake + 1):
-            metadata = carried.get(batch, {})
-            times = metadata.get(EVENT_TIMES_KEY)
-            if times is not None:
-                with_event_times(c, batch, *times)
-            plan = source.checkpoints.get_plan(batch) or source.plans.plan_in(metadata)
-            if plan is None:
-                continue
-            c.taken_files.update({f.path: f for f in plan.files})
-            try:
-                source.reader.after_commit(watermark, plan, _Realigned(times[1] if times else None), _now_ms())
-            except FileNotFoundError:
-                log.warning(f"{source.app_id} batch {batch}: its landing is gone; the watermark may wait for it")
+        learn_committed(source, c, watermark, range(c.committed_batch + 1, lake + 1), carried)
         c.watermark = watermark.to_state()
         c.committed_batch = max(c.committed_batch, lake)
         return c
 
     return source.checkpoints.update(realign), checkpoint.committed_batch
+
+
+def learn_committed(
+    source: SourceRuntime, c: SourceCheckpoint, watermark: WatermarkEstimator, batches: range,
+    carried: dict[int, dict],
+) -> None:
+    """Teach checkpoint `c` and its `watermark` the `batches` the lake has committed but `c` skips over, from what
+    their commits carried (`carried`, by batch): their event times, files and messages leave the source's backlog
+    as if each had advanced the checkpoint (else a backlog kept from what onceflow saw waits for them for ever)."""
+    for batch in batches:
+        metadata = carried.get(batch, {})
+        times = metadata.get(EVENT_TIMES_KEY)
+        if times is not None:
+            with_event_times(c, batch, *times)
+        plan = source.checkpoints.get_plan(batch) or source.plans.plan_in(metadata)
+        if plan is None:
+            continue
+        c.taken_files.update({f.path: f for f in plan.files})
+        try:
+            source.reader.after_commit(watermark, plan, _Realigned(times[1] if times else None), _now_ms())
+        except FileNotFoundError:
+            log.warning(f"{source.app_id} batch {batch}: its landing is gone; the watermark may wait for it")
 
 
 @dataclass(frozen=True)
@@ -166,14 +175,21 @@ def _with_watermark(reader: SourceReader, checkpoint: SourceCheckpoint) -> Sourc
 
 
 def advanced(
-    reader: SourceReader, checkpoint: SourceCheckpoint, plan: BatchPlan, result: IngestResult
+    source: SourceRuntime, checkpoint: SourceCheckpoint, plan: BatchPlan, result: IngestResult
 ) -> SourceCheckpoint | None:
     """The checkpoint with batch `plan` committed; None if a concurrent attempt advanced it already, or if this
     attempt lost the commit race (the attempt whose commit holds the batch advances it with that commit's figures,
-    or a later replay does if it died first)."""
+    or a later replay does if it died first).
+
+    A checkpoint below the batch before this one went back while the batch ran (restored from an older copy):
+    the batches between are committed (this one was planned above them), and are learnt from the lake first."""
     if checkpoint.committed_batch >= plan.batch_id or result.lost_race:
         return None
+    reader = source.reader
     watermark = reader.watermark(checkpoint.watermark)
+    skipped = range(checkpoint.committed_batch + 1, plan.batch_id)
+    if skipped:
+        learn_committed(source, checkpoint, watermark, skipped, source.plans.metadatas(skipped))
     reader.after_commit(watermark, plan, result, _now_ms())
     watermark.current(_now_ms())
     checkpoint.watermark = watermark.to_state()
