@@ -64,6 +64,34 @@ def test_tracking_samples_of_a_killed_run_still_hold_the_watermark(
     assert result.inserted == 5 and read_rows(source.raw_path, RAW) == expected_raw(events)
 
 
+def test_a_drain_killed_before_saving_holds_the_watermark_for_the_next_run_within_the_ack_deadline(
+    spark: SparkSession, pubsub_emulator: PubSubEmulator, home: Path
+) -> None:
+    project = new_project()
+    client, source = setup(project, str(home), events_pipeline(ack_deadline_s=30))
+    first = make_events(5, int(time.time() * 1000) - 2_000, 1_000, seed=5, prefix="a")
+    publish_events(client, TOPIC, first)
+    drain(lambda: spark, source)  # the watermark knows data
+    published = int(time.time() * 1000)
+    second = make_events(5, published - 1_000, 1_000, seed=6, prefix="b")  # within the band: never late
+    publish_events(client, TOPIC, second)
+    # Killed after its drain pulled `second` under a 30 s lease, before saving it.
+    crashed = dagster_micro_batch(str(home), "watermark.after_drain", pubsub_project=project, ack_deadline_s="30")
+    assert "crash injected at watermark.after_drain" in crashed.stderr + crashed.stdout, crashed.stderr[-2000:]
+    time.sleep(max(0.0, (published + 15_000) / 1000 - time.time()))  # a band past `second`, inside the lease
+
+    # This drain finds the tracking subscription empty: `second` is still leased to the dead drain. Had it
+    # taken that as "nothing waiting", the watermark would be now - 10 s, past `second`, which may still wait in
+    # the base subscription.
+    source.reader.before_batch(int(time.time() * 1000))
+    watermark = source.reader.watermark(source.checkpoints.load().watermark)
+    assert watermark.current(int(time.time() * 1000)) < min(e.event_time_ms for e in second)
+    # Beside its drain the killed run may have pulled `second` (back once its lease runs out), landed it, or even
+    # committed it; either way each is in once.
+    assert all(result.dead_lettered == {} for result in drain(lambda: spark, source, redelivery_wait_s=31))
+    assert read_rows(source.raw_path, RAW) == expected_raw(first + second)
+
+
 def test_a_killed_runs_unacked_drain_shown_again_after_its_commit_does_not_hold_the_watermark(
     spark: SparkSession, pubsub_emulator: PubSubEmulator, home: Path
 ) -> None:

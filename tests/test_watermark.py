@@ -422,6 +422,47 @@ def test_emulator_probe_forgets_leases_a_window_after_their_drain() -> None:
     assert probe.oldest_unacked_ms(T0) == T0 + 1
 
 
+def test_a_drain_killed_before_saving_holds_the_watermark_until_its_leases_run_out() -> None:
+    """A run began a drain (saved first), pulled messages under lease and was killed before saving them. A drain
+    within the ack deadline finds the tracking subscription empty; it must not take that as "nothing waiting"."""
+
+    def reloaded(watermark: PubSubWatermark) -> PubSubWatermark:
+        state = json.loads(json.dumps(watermark.to_state()))
+        return PubSubWatermark(EmulatorBacklogProbe(redelivery_ms=120_000), band_ms=BAND).from_state(state)
+
+    watermark = PubSubWatermark(EmulatorBacklogProbe(redelivery_ms=120_000), band_ms=BAND)
+    watermark.drain_begun(T0)
+    watermark.observe([Msg("0", T0 - 1, T0 - 1).sample()], T0)
+    watermark.committed([("0", T0 - 1)])
+    assert watermark.current(T0) == T0 - BAND
+    lost = Msg("1", T0 + 1_000, T0 - 5_000)  # within the band of its publish time: never late
+    watermark.drain_begun(T0 + 2_000)
+    watermark = reloaded(watermark)  # killed holding `lost` leased
+    watermark.drain_begun(T0 + 30_000)
+    watermark.observe([], T0 + 30_000)  # empty: `lost` is leased to the dead drain
+    with pytest.raises(BacklogUnknown, match=f"begun at {T0 + 2_000}"):
+        watermark.probe.oldest_unacked_ms(T0 + 30_000)
+    assert watermark.current(T0 + 30_000) == T0 - BAND  # it would be T0 + 20_000, past `lost`
+    watermark = reloaded(watermark)
+    watermark.drain_begun(T0 + 2_000 + 120_001)  # the lease has run out: this drain gets `lost`
+    watermark.observe([lost.sample()], T0 + 2_000 + 120_001)
+    assert watermark.current(T0 + 122_001) == lost.event_ms
+    watermark.committed([lost.key])
+    assert watermark.current(T0 + 122_001) == T0 + 112_001
+    assert watermark.to_state()["probe"]["open_drains"] == []
+
+
+def test_a_drain_still_running_in_another_run_holds_the_watermark_until_it_saves() -> None:
+    probe = EmulatorBacklogProbe(redelivery_ms=120_000)
+    probe.drain_begun(T0)  # run A
+    probe.drain_begun(T0 + 500)  # run B, while A is still pulling
+    probe.tracked([], T0 + 500)  # B finds nothing: A holds what was there
+    with pytest.raises(BacklogUnknown):
+        probe.oldest_unacked_ms(T0 + 600)
+    probe.tracked([TrackingSample("1", T0 - 100, T0 - 100)], T0)  # A saves
+    assert probe.oldest_unacked_ms(T0 + 700) == T0 - 100
+
+
 def test_emulator_probe_keeps_at_most_max_pending_leases() -> None:
     probe = EmulatorBacklogProbe(max_pending=3)
     probe.tracked([TrackingSample(str(i), T0 + i, 0) for i in range(5)], T0 + 1_000)

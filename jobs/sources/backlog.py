@@ -27,14 +27,23 @@ class BacklogUnknown(Exception):
 class BacklogProbe(Protocol):
     """Where the base (main) subscription's oldest unacknowledged publish time comes from.
 
-    `PubSubWatermark` forwards what it learns to its probe: every tracked sample (`tracked`), every acknowledged
-    drain (`acked`) and every message the pipeline committed (`committed`); a probe that reads the backlog from
-    elsewhere ignores them.
+    `PubSubWatermark` forwards what it learns to its probe: every drain begun (`drain_begun`), every tracked sample
+    (`tracked`), every acknowledged drain (`acked`) and every message the pipeline committed (`committed`); a probe
+    that reads the backlog from elsewhere ignores them.
     """
+
+    @property
+    def sees_drains(self) -> bool:
+        """Whether the backlog comes from the drains themselves: then a drain's start must be saved before it."""
+        ...
 
     def oldest_unacked_ms(self, now_ms: int) -> int | None:
         """The oldest publish time still waiting in the base subscription, None when it has no backlog; raises
         `BacklogUnknown` when it cannot tell."""
+        ...
+
+    def drain_begun(self, started_ms: int) -> None:
+        """A tracking drain starts at `started_ms` (saved before it pulls anything)."""
         ...
 
     def tracked(self, samples: Sequence[TrackingSample], tracked_through_ms: int | None) -> None:
@@ -55,6 +64,11 @@ class BacklogProbe(Protocol):
 
 class ReadsBacklogElsewhere:
     """For a probe that reads the backlog from elsewhere: what the pipeline saw and committed changes nothing."""
+
+    sees_drains = False
+
+    def drain_begun(self, started_ms: int) -> None:
+        return None
 
     def tracked(self, samples: Sequence[TrackingSample], tracked_through_ms: int | None) -> None:
         return None
@@ -93,8 +107,16 @@ class EmulatorBacklogProbe:
       usually after the base subscription committed them. Leased, such a redelivery is recognised; pending
       again, it would hold the watermark until `expire_after_ms` of newer commits, for ever once publishing
       stops. So `redelivery_ms` must exceed the tracking subscription's ack deadline. With every drain acked,
-      only the latest drain's messages are kept, at most `max_pending` of them.
+      only the latest drain's messages are kept, at most `max_pending` of them;
+    - a drain's start is saved before it pulls (`drain_begun`) and stays *open* until its samples are saved
+      (`tracked`). A drain still open may hold leases on messages this probe has never seen (its run still
+      draining, or killed before saving): the emulator shows them to no other drain until their ack deadline runs
+      out, so an empty drain proves nothing about them. While a drain is open the backlog is unknown
+      (`BacklogUnknown`) and the watermark stays where it is, until that drain saves or one starts `redelivery_ms`
+      after it (it pulls what the open drain leased). Only drains begun within `redelivery_ms` stay open.
     """
+
+    sees_drains = True
 
     def __init__(
         self,
@@ -118,6 +140,7 @@ class EmulatorBacklogProbe:
         # A message shown by a drain not known to be acknowledged -> that drain's start.
         self._leased: dict[MessageKey, int] = {}
         self._committed_through_ms: int | None = None
+        self._open_drains: set[int] = set()  # drains begun and not yet saved, by start time
 
     @property
     def pending_count(self) -> int:
@@ -125,15 +148,25 @@ class EmulatorBacklogProbe:
         return len(self._pending) + sum(self._overflow.values())
 
     def oldest_unacked_ms(self, now_ms: int) -> int | None:
-        """The oldest publish time among pending messages, None when there are none (`now_ms` is not needed)."""
+        """The oldest publish time among pending messages, None when there are none (`now_ms` is not needed);
+        `BacklogUnknown` while a drain is open."""
+        if self._open_drains:
+            raise BacklogUnknown(
+                f"the tracking drain begun at {min(self._open_drains)} ms has not saved what it leased"
+            )
         oldest = min((publish for _, publish in self._pending), default=None)
         if self._overflow:
             bucket = min(self._overflow)
             oldest = bucket if oldest is None else min(oldest, bucket)
         return oldest
 
+    def drain_begun(self, started_ms: int) -> None:
+        """Open the drain that starts at `started_ms`, until `tracked` saves it."""
+        self._open_drains.add(started_ms)
+
     def tracked(self, samples: Sequence[TrackingSample], tracked_through_ms: int | None) -> None:
-        """Make every sample pending unless the pipeline already committed it or it is a leased one shown again."""
+        """Make every sample pending unless the pipeline already committed it or it is a leased one shown again;
+        close the drain that began at `tracked_through_ms` and those whose leases have run out before it."""
         drain_ms = tracked_through_ms if tracked_through_ms is not None else max(self._leased.values(), default=0)
         for sample in samples:
             key = (sample.message_id, sample.publish_time_ms)
@@ -155,6 +188,7 @@ class EmulatorBacklogProbe:
             # Leases older than `redelivery_ms` ran out before this drain began: it pulled what they gave back.
             lease_cutoff = tracked_through_ms - self.redelivery_ms
             self._leased = {key: at for key, at in self._leased.items() if at >= lease_cutoff}
+            self._open_drains = {at for at in self._open_drains if at >= lease_cutoff and at != tracked_through_ms}
         if len(self._leased) > self.max_pending:
             # Forgetting a lease only risks holding the watermark back (until expiry), never pushing it too far.
             self._leased = dict(sorted(self._leased.items(), key=lambda item: item[1])[-self.max_pending :])
@@ -199,6 +233,7 @@ class EmulatorBacklogProbe:
             "early": sorted([list(key) for key in self._early], key=lambda k: (k[1], k[0])),
             "leased": sorted([[i, p, at] for (i, p), at in self._leased.items()], key=lambda k: (k[1], k[0])),
             "committed_through_ms": self._committed_through_ms,
+            "open_drains": sorted(self._open_drains),
         }
 
     def from_state(self, state: Mapping[str, Any]) -> Self:
@@ -212,6 +247,7 @@ class EmulatorBacklogProbe:
         self._leased = {(str(i), int(p)): int(at) for i, p, at in state.get("leased", ())}
         through = state.get("committed_through_ms")
         self._committed_through_ms = None if through is None else int(through)
+        self._open_drains = {int(at) for at in state.get("open_drains", ())}
         return self
 
 def floor_to(value: int, step: int) -> int:

@@ -11,9 +11,9 @@ on GCP or, on the emulator (which has no metrics), from what onceflow itself has
 from __future__ import annotations
 
 import io
+import threading
 import time
 from collections.abc import Callable
-from functools import cached_property
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -51,14 +51,19 @@ class PubSubReader:
             raise TypeError("PubSubReader needs a settings-resolved PubSubSource")
         self.pipeline, self.source, self.checkpoints, self.landing = pipeline, source, checkpoints, landing
         self._make_client = client
+        self._client: PubSubClient | None = None
+        self._client_lock = threading.Lock()
         self._landed: dict[int, list[tuple[str, int]]] = {}
         self._acked_drains: list[int] = []  # tracking drains acked since the state last saved
 
-    @cached_property
+    @property
     def client(self) -> PubSubClient:
-        if self._make_client is None:
-            raise RuntimeError(f"{self.pipeline.source_id}: this work was opened without a Pub/Sub client")
-        return self._make_client()
+        with self._client_lock:  # the tracking drain and the landing may ask for it at once, from two threads
+            if self._client is None:
+                if self._make_client is None:
+                    raise RuntimeError(f"{self.pipeline.source_id}: this work was opened without a Pub/Sub client")
+                self._client = self._make_client()
+            return self._client
 
     def has_data(self, checkpoint: SourceCheckpoint) -> bool:
         return self.client.has_messages(self.source.subscription)
@@ -127,7 +132,7 @@ class PubSubReader:
             self._landed[plan.batch_id] = list(zip(table.column("source_position").to_pylist(), times, strict=True))
         return self._landed[plan.batch_id]
 
-    def watermark(self, state: dict) -> WatermarkEstimator:
+    def watermark(self, state: dict) -> PubSubWatermark:
         probe: BacklogProbe
         if self.client.emulated:
             # Twice the ack deadline: a lease a killed drain left has run out before it is forgotten.
@@ -142,22 +147,28 @@ class PubSubReader:
 
     def before_batch(self, now_ms: int) -> None:
         drainer = TrackingDrainer.for_source(self.client, self.source)
+        if self.watermark({}).probe.sees_drains:
+            self._save_watermark(lambda watermark: watermark.drain_begun(now_ms))
         drained = drainer.drain(now_ms)
         crash_point("watermark.after_drain")
-
-        def observe(checkpoint: SourceCheckpoint) -> SourceCheckpoint:
-            watermark = self.watermark(checkpoint.watermark)
-            assert isinstance(watermark, PubSubWatermark)
-            self._report_acked(watermark)
-            watermark.observe(drained.samples, drained.tracked_through_ms)
-            checkpoint.watermark = watermark.to_state()
-            return checkpoint
-
-        self.checkpoints.update(observe)  # persisted first: only then may the tracking subscription forget them
-        self._acked_drains = []
+        # Saved first: only then may the tracking subscription forget them.
+        self._save_watermark(lambda watermark: watermark.observe(drained.samples, drained.tracked_through_ms))
         crash_point("watermark.before_ack")
         drainer.ack(drained)
         self._acked_drains.append(drained.tracked_through_ms)
+
+    def _save_watermark(self, change: Callable[[PubSubWatermark], None]) -> None:
+        """Apply `change` to the checkpoint's watermark (compare-and-swap), with the drains acked since the last save."""
+
+        def changed(checkpoint: SourceCheckpoint) -> SourceCheckpoint:
+            watermark = self.watermark(checkpoint.watermark)
+            self._report_acked(watermark)
+            change(watermark)
+            checkpoint.watermark = watermark.to_state()
+            return checkpoint
+
+        self.checkpoints.update(changed)
+        self._acked_drains = []
 
     def _report_acked(self, watermark: PubSubWatermark) -> None:
         # Drains this reader acked: saved with the next state, so their redeliveries need not be watched for.

@@ -59,8 +59,9 @@ class SourceReader(Protocol):
         ...
 
     def before_batch(self, now_ms: int) -> None:
-        """Persist in the checkpoint's watermark state what the estimator must learn before a batch is taken
-        (Pub/Sub: what the tracking subscription shows, persisted before it is acknowledged)."""
+        """Persist in the checkpoint's watermark state what the estimator must learn before a batch commits
+        (Pub/Sub: what the tracking subscription shows, persisted before it is acknowledged). It runs in its own
+        thread beside `next_plan` and the ingest, and its checkpoint changes are compare-and-swap like theirs."""
         ...
 
     def after_commit(

@@ -16,7 +16,8 @@ file sources. The Pub/Sub estimator needs the base subscription's oldest unackno
 Wiring, once per micro-batch of a Pub/Sub source (`onceflow.jobs.sources.tracking` drains the tracking subscription):
 
     watermark = PubSubWatermark(EmulatorBacklogProbe(), band_ms=10_000).from_state(checkpoint.watermark)
-    drain = TrackingDrainer(client, spec.tracking, spec.timestamp_attribute).drain(now_ms)  # before the base pull
+    watermark.drain_begun(now_ms)                                      # saved first if probe.sees_drains
+    drain = TrackingDrainer(client, spec.tracking, spec.timestamp_attribute).drain(now_ms)  # beside the base pull
     watermark.observe(drain.samples, drain.tracked_through_ms)
     checkpoint.watermark = watermark.to_state()                        # persisted, then the drain is acked
     TrackingDrainer(...).ack(drain)
@@ -149,6 +150,10 @@ class PubSubWatermark:
             self._tracked_through_ms = tracked_through_ms
         self._coarsen()
         self.probe.tracked(samples, tracked_through_ms)
+
+    def drain_begun(self, started_ms: int) -> None:
+        """Report a tracking drain starting at `started_ms`, before it pulls (passed on to the probe)."""
+        self.probe.drain_begun(started_ms)
 
     def acked(self, drain_started_ms: int) -> None:
         """Report the tracking drain that began at `drain_started_ms` acknowledged (passed on to the probe)."""
