@@ -79,13 +79,15 @@ def test_a_connect_append_commits_spark_written_files_with_deltas_statistics(spa
             milliseconds=1)
         assert add["min.batch_id"] == add["max.batch_id"] == 1 and add["null_count.batch_id"] == 0
         assert "min.amount" not in add or add["min.amount"] is None  # not a statistics column
-    assert not list(Path(table).glob("onceflow-*/_delta_log"))  # the staging tables' logs are gone
     # A replay writes nothing; an append decided against an older version fails rather than rebases.
     assert not append_once(spark.createDataFrame(written, SCHEMA), table, "p/raw", 1, {"batch": 1}, read_version=0)
     with pytest.raises(CommitFailedError):
         append_once(spark.createDataFrame(rows(2, 4), SCHEMA), table, "p/raw", 2, {"batch": 2}, read_version=0)
     assert append_once(spark.createDataFrame(rows(2, 4), SCHEMA), table, "p/raw", 2, {"batch": 2}, read_version=1)
     assert DeltaTable(table).to_pyarrow_table().num_rows == 44
+    # This process wrote every append into one staging table (its log is removed when the process exits).
+    staged = {a["path"].split("/", 1)[0] for a in pa.table(DeltaTable(table).get_add_actions(flatten=True)).to_pylist()}
+    assert [p.parent.name for p in Path(table).glob("onceflow-*/_delta_log")] == list(staged) and len(staged) == 1
     # Spark reads the table delta-rs committed, its statistics included.
     assert spark.read.format("delta").load(table).where(f"record_id < '{LONG}01-005'").count() == 5
 
@@ -112,14 +114,24 @@ def test_maintenance_removes_the_staging_log_of_an_append_killed_mid_write(
     assert killed.returncode == CRASH_EXIT_CODE, killed.stderr[-3000:]
     (left,) = Path(table).glob("onceflow-*/_delta_log")  # the attempt died before removing its staging log
     assert append_once(spark.createDataFrame(rows(1, 10), SCHEMA), table, "p/raw", 1, {"batch": 1}, read_version=0)
+    # A process that exits removes its own staging log; the files it committed stay.
+    appended = subprocess.run([sys.executable, "-c", KILLED_APPEND.replace('"p/raw", 1, {"batch": 1}, read_version=0',
+                               '"p/other", 1, {"batch": 1}, read_version=1'), table, spark_connect.url],
+                              cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert appended.returncode == 0, appended.stderr[-3000:]
+    (exited,) = {a["path"].split("/", 1)[0] for a in pa.table(DeltaTable(table, version=2).get_add_actions(
+        flatten=True)).to_pylist()} - {p.parent.name for p in Path(table).glob("onceflow-*/_delta_log")}
+    assert list((Path(table) / exited).glob("time_bucket=*/*.parquet"))
+    (ours,) = {p for p in Path(table).glob("onceflow-*/_delta_log")} - {left}  # this process's, still written
     emptied = Path(table) / "onceflow-emptied" / "time_bucket=0"  # what VACUUM leaves of a compacted batch's files
     emptied.mkdir(parents=True)
 
-    assert remove_abandoned_staging(table, older_than_s=3_600) == 0  # it may be an attempt still running
-    assert left.exists() and emptied.exists()
-    assert remove_abandoned_staging(table, older_than_s=3_600, now_s=time.time() + 3_601) == 1
+    assert remove_abandoned_staging(table, older_than_s=3_600) == 0  # either may be a process still writing
+    assert left.exists() and ours.exists() and emptied.exists()
+    # An hour on, no process writes them any more (one is not written again after 10 idle minutes).
+    assert remove_abandoned_staging(table, older_than_s=3_600, now_s=time.time() + 3_601) == 2
     assert not list(Path(table).glob("onceflow-*/_delta_log")) and not emptied.parent.exists()
     assert list(left.parent.glob("time_bucket=*/*.parquet"))  # its data files are VACUUM's to remove
     delta = DeltaTable(table)
-    assert delta.version() == 1 and sorted(r["record_id"] for r in delta.to_pyarrow_table().to_pylist()) == sorted(
-        r[0] for r in rows(1, 10))
+    assert delta.version() == 2 and sorted(r["record_id"] for r in delta.to_pyarrow_table().to_pylist()) == sorted(
+        r[0] for r in rows(1, 10) * 2)

@@ -23,16 +23,15 @@ from typing import Any
 
 from deltalake import DeltaTable, Schema
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
-from deltalake.table import TableFeatures
 from deltalake.transaction import AddAction, CommitProperties, Transaction
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from onceflow.jobs.delta.commit_log import holds_batch
 from onceflow.jobs.delta.schema_evolution import conform
-from onceflow.jobs.delta.staging import new_staging_directory
-from onceflow.resources.delta_storage import delta_table, storage_options, table_files, table_snapshot
-from onceflow.resources.faults import crash_point
+from onceflow.jobs.delta.staging import write_staged
+from onceflow.jobs.delta.table_features import complete_protocol
+from onceflow.resources.delta_storage import storage_options, table_snapshot
 
 _APP_ID = "spark.databricks.delta.write.txnAppId"
 _VERSION = "spark.databricks.delta.write.txnVersion"
@@ -63,7 +62,7 @@ def create_table_once(
     if path in _created and (("://" in path) or os.path.isdir(f"{path}/_delta_log")):
         return  # the common case: this process made or saw it, and it is still there
     try:
-        _complete_protocol(_table(path), schema)
+        complete_protocol(_table(path), schema)
         _created.add(path)
         return
     except TableNotFoundError:
@@ -82,28 +81,8 @@ def create_table_once(
                 time.sleep(0.5)
         else:
             raise  # the create failed, and not because someone else created the table
-    _complete_protocol(table, schema)
+    complete_protocol(table, schema)
     _created.add(path)
-
-
-def _complete_protocol(table: DeltaTable, schema: T.StructType) -> None:
-    """Add the `invariants` writer feature to a table with table features (delta-rs lists `timestampNtz`,
-    `variantType` for such columns) and a NOT NULL field: Delta's own writer refuses the table without it, and
-    delta-rs does not list it. Also run where the table exists: a crash or a racing creator may not have got to it.
-    """
-    features = table.protocol().writer_features
-    if features is None or "invariants" in features or not _has_not_null(schema):
-        return
-    try:
-        table.alter.add_feature(TableFeatures.Invariants)
-    except Exception:
-        if "invariants" not in (_table(table.table_uri).protocol().writer_features or ()):
-            raise  # not a racing writer having added it first
-
-
-def _has_not_null(schema: T.StructType) -> bool:
-    return any(not f.nullable or (isinstance(f.dataType, T.StructType) and _has_not_null(f.dataType))
-               for f in schema.fields)
 
 
 @contextmanager
@@ -162,7 +141,7 @@ def append_once(
     reconstruction that append runs to read the transactions (paid on every commit, and growing with the table).
     Over Spark Connect, whose client cannot reach the writer of a transaction, Delta's writer writes the files as
     a staging table inside the table, for its definition at `read_version` (else its newest), and delta-rs commits
-    them the same way (`_write_staged`). (Delta's own `txnAppId` append is blind to `read_version`, and an
+    them the same way (`onceflow.jobs.delta.staging.write_staged`). (Delta's own `txnAppId` append is blind to `read_version`, and an
     insert-only MERGE that conflicts with every commit since cost about twice as much.)
     """
     if holds_batch(path, app_id, version):
@@ -172,7 +151,8 @@ def append_once(
         written_for, adds = _write_files(df, path, begun)
     else:  # a Spark Connect DataFrame: its client cannot reach Delta's writer
         written_for = latest_version(path) if read_version is None else read_version
-        adds = _write_staged(df, _table(path, version=written_for))
+        written = _table(path, version=written_for)
+        adds = write_staged(df, written, _definition(written))
     table = _table(path, version=read_version)
     if holds_batch(path, app_id, version):
         return False  # committed meanwhile; the files just written stay unreferenced until VACUUM removes them
@@ -211,34 +191,6 @@ def _write_files(df: DataFrame, path: str, begun: Future | None) -> tuple[int, l
         adds.append(AddAction(add["path"], add["size"], add["partitionValues"], add["modificationTime"],
                               add["dataChange"], add["stats"]))
     return transaction.snapshot().version(), adds
-
-
-def _write_staged(df: DataFrame, table: DeltaTable) -> list[AddAction]:
-    """Over Spark Connect, write `df` as data files of `table`, uncommitted: their add actions.
-
-    Delta's writer writes them, as on a classic session, into a staging table of their own inside the table
-    (`onceflow-<uuid>/`), made with the table's schema, partitioning and settings: partitioned, with Delta's
-    statistics and constraint checks, and without renames (which object storage pays for, and the GCS emulator
-    refuses). Its commit's add actions, re-rooted, describe them; the staging log is then removed. An attempt that
-    never commits leaves unreferenced files, which VACUUM removes as it removes those of a failed Delta write, and
-    maybe its staging log, which maintenance removes (`onceflow.jobs.delta.staging`).
-    """
-    path = table.table_uri.rstrip("/")
-    directory = new_staging_directory()
-    staging = f"{path}/{directory}"
-    schema, metadata = T.StructType.fromJson(json.loads(table.schema().to_json())), table.metadata()
-    created = DeltaTable.create(staging, table.schema(), mode="error", partition_by=metadata.partition_columns or None,
-                                configuration=metadata.configuration, storage_options=storage_options(staging))
-    _complete_protocol(created, schema)
-    conform(df, schema, path).write.format("delta").mode("append").save(staging)
-    crash_point("ingest.append_staged")
-    files, root = table_files(staging)
-    log = f"{root}/_delta_log"
-    with files.open_input_stream(f"{log}/{delta_table(staging).version():020d}.json") as commit:
-        actions = [json.loads(line) for line in commit.read().decode().splitlines() if line.strip()]
-    files.delete_dir(log)
-    return [AddAction(f"{directory}/{add['path']}", add["size"], add["partitionValues"], add["modificationTime"],
-                      add["dataChange"], add["stats"]) for add in (a["add"] for a in actions if "add" in a)]
 
 
 def _table(path: str, version: int | None = None) -> DeltaTable:
