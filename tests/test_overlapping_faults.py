@@ -16,6 +16,7 @@ from onceflow.jobs.windows.panes import Window
 from onceflow.orchestration.workload import MALFORMED, Event, expected_raw, make_events, publish_events
 from onceflow.resources.emulators.pubsub import PubSubEmulator
 from onceflow.resources.lake import LakeResource
+from onceflow.resources.pubsub_pull import PullBounds
 from onceflow.resources.spark import build_spark_session
 from onceflow.resources.spark_connect import SparkConnectServer
 from tests.delta_reader import read_rows
@@ -36,13 +37,21 @@ def run_both(command: list[str]) -> list[str]:
     return outputs
 
 
-def killed_after_publishing(home: Path, events: list[Event], point: str, ack_deadline_s: int) -> SourceRuntime:
-    """Publish `events` to a fresh project, then kill a `dagster` micro-batch run at `point`; the source."""
+def killed_after_publishing(
+    home: Path, events: list[Event], point: str, ack_deadline_s: int, hold_base: bool = False
+) -> SourceRuntime:
+    """Publish `events` to a fresh project, then kill a `dagster` micro-batch run at `point`; the source. With
+    `hold_base`, the base subscription's messages are held away from that run (it lands nothing beside its
+    tracking drain) and given back after the kill."""
     project = new_project()
     client, source = setup(project, str(home), events_pipeline(ack_deadline_s=ack_deadline_s))
     publish_events(client, TOPIC, events)
+    subscription = source.pipeline.source.subscription
+    held = client.pull_concurrently(subscription, PullBounds(len(events))) if hold_base else []
+    assert len(held) == len(events) * hold_base
     crashed = dagster_micro_batch(str(home), point, pubsub_project=project, ack_deadline_s=str(ack_deadline_s))
     assert f"crash injected at {point}" in crashed.stderr + crashed.stdout, crashed.stderr[-2000:]
+    client.modify_ack_deadline(subscription, [m.ack_id for m in held], 0)
     return source
 
 
@@ -52,8 +61,8 @@ def test_tracking_samples_of_a_killed_run_still_hold_the_watermark(
     old = int(time.time() * 1000) - 10 * 60_000
     events = [Event(f"w{i}", old + i, "k", i) for i in range(5)]
     # The run drains the tracking subscription and is killed before it saves what it saw.
-    source = killed_after_publishing(home, events, "watermark.after_drain", ack_deadline_s=2)
-    time.sleep(3)  # past the tracking subscription's ack deadline: what was drained comes back
+    source = killed_after_publishing(home, events, "watermark.after_drain", ack_deadline_s=2, hold_base=True)
+    time.sleep(5)  # past twice the ack deadline: what the killed drain held comes back, and its drain is closed
 
     source.reader.before_batch(int(time.time() * 1000))
     watermark = source.reader.watermark(source.checkpoints.load().watermark)
@@ -97,7 +106,7 @@ def test_a_killed_runs_unacked_drain_shown_again_after_its_commit_does_not_hold_
 ) -> None:
     events = make_events(5, int(time.time() * 1000), 1000, seed=3)
     # The run saves what the tracking drain saw and is killed before acking it: the emulator keeps it leased.
-    source = killed_after_publishing(home, events, "watermark.before_ack", ack_deadline_s=30)
+    source = killed_after_publishing(home, events, "watermark.before_ack", ack_deadline_s=30, hold_base=True)
     leased_until = time.monotonic() + 30
     (result,) = drain(lambda: spark, source)  # the next run commits them from the base subscription
     assert result.inserted == 5

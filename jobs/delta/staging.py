@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import atexit
 import json
+import os
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction
@@ -44,6 +45,7 @@ class _Staging:
     version: int  # of its log: this process is its only writer
     writes: int = 0
     last_write_s: float = 0.0
+    pid: int = field(default_factory=os.getpid)  # a forked child makes its own
 
 
 _staging: dict[str, _Staging] = {}
@@ -62,6 +64,8 @@ def write_staged(df: DataFrame, table: DeltaTable, definition: tuple) -> list[Ad
     path = table.table_uri.rstrip("/")
     with _locks.setdefault(path, threading.Lock()):  # one append at a time per staging table
         staging = _staging.get(path)
+        if staging is not None and staging.pid != os.getpid():
+            staging = None
         if staging is None or staging.definition != definition or staging.writes >= REUSE_WRITES or (
             time.monotonic() - staging.last_write_s > REUSE_FOR_S
         ):
@@ -116,7 +120,8 @@ def _added(staging: str, version: int) -> list[dict] | None:
 def _remove_logs() -> None:
     """Remove this process's staging logs as it exits (their files stay: the table references them)."""
     for path, staging in _staging.items():
-        _remove_log(path, staging)
+        if staging.pid == os.getpid():
+            _remove_log(path, staging)
 
 
 def _remove_log(path: str, staging: _Staging) -> None:

@@ -6,7 +6,7 @@ from deltalake import DeltaTable
 from deltalake.table import TableFeatures
 from pyspark.sql import types as T
 
-from onceflow.resources.delta_storage import storage_options
+from onceflow.resources.delta_storage import delta_table
 
 
 def complete_protocol(table: DeltaTable, schema: T.StructType) -> None:
@@ -20,8 +20,7 @@ def complete_protocol(table: DeltaTable, schema: T.StructType) -> None:
     try:
         table.alter.add_feature(TableFeatures.Invariants)
     except Exception:
-        uri = table.table_uri
-        if "invariants" not in (DeltaTable(uri, storage_options=storage_options(uri)).protocol().writer_features or ()):
+        if "invariants" not in (delta_table(table.table_uri).protocol().writer_features or ()):
             raise  # not a racing writer having added it first
 
 
