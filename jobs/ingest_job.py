@@ -5,24 +5,31 @@ batch is recorded as a materialization of the `raw_<pipeline>` asset, so Dagster
 
 A run takes one batch, then, for `run_s` seconds (`ONCEFLOW_MICRO_BATCH_RUN_S`, 0 by default), keeps polling the
 source and taking the next batch as soon as there is one: a warm process with its Spark session commits a batch
-in seconds, where a new run first spends seconds starting. It holds the source's pool the while, so one batch is
-still in flight at a time, and each batch is its own materialization with `requested_at_ms` (the sensor's request
-for the run's first batch, the run's own poll for the next ones) and `committed_at_ms`.
+in seconds, where a new run first spends seconds starting. Runs of a source take turns (`run_relay`), so one batch
+is in flight at a time, and a worker run hands over to the next one without a gap. Each batch is its own
+materialization with `requested_at_ms`, `requested_by` (`launch`: the run's creation, for its first batch;
+`handover`: the moment the run it took over from stopped taking batches; `poll`: the run's own poll) and
+`committed_at_ms`.
 """
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import dagster as dg
+from pyspark.sql import SparkSession
 
 from onceflow.jobs.declare.declaration import Pipeline
+from onceflow.jobs.delta.transactions import warm_writer
 from onceflow.jobs.ingest.micro_batch import run_micro_batch
 from onceflow.jobs.ingest.result import IngestResult
+from onceflow.jobs.run_relay import Turn, keep_going, plan_end, release, take_turn
 from onceflow.jobs.run_worker import record_worker
 from onceflow.jobs.sources.reader import SourceRuntime, open_source
 from onceflow.resources.lake import LakeResource
 from onceflow.resources.pubsub import PubSubResource
 from onceflow.resources.spark import SparkResource
+from onceflow.resources.spark_functions import register_spark_functions
 
 
 def raw_asset_key(pipeline: Pipeline) -> dg.AssetKey:
@@ -32,11 +39,6 @@ def raw_asset_key(pipeline: Pipeline) -> dg.AssetKey:
 def source_tag(pipeline: Pipeline) -> dict[str, str]:
     """The tag on every micro-batch run of the pipeline's source."""
     return {"onceflow/source": pipeline.source_id}
-
-
-def source_pool(pipeline: Pipeline) -> str:
-    """One micro-batch of a source in flight at a time: batches commit in order."""
-    return f"onceflow_source_{pipeline.name}"
 
 
 def ingest_metadata(result: IngestResult) -> dict[str, Any]:
@@ -70,25 +72,29 @@ def build_ingest_job(pipeline: Pipeline, run_s: float = 0.0) -> dg.JobDefinition
     """The micro-batch job of a pipeline, named `ingest_<name>`; its runs take batches for `run_s` seconds."""
     raw_key = raw_asset_key(pipeline)
 
-    @dg.op(name=f"micro_batch_{pipeline.name}", pool=source_pool(pipeline))
+    # No Dagster pool: turns (`run_relay`) keep one batch of the source in flight, and let the next run's process
+    # start while the current one still takes batches.
+    @dg.op(name=f"micro_batch_{pipeline.name}")
     def micro_batch(
         context: dg.OpExecutionContext, spark: SparkResource, lake: LakeResource, pubsub: PubSubResource
     ) -> None:
         record_worker(context)
-        source = open_source(pipeline, lake, pubsub.client)
-        record = context.instance.get_run_record_by_id(context.run_id)
-        requested_ms = int(record.create_timestamp.timestamp() * 1000) if record else _now_ms()
-        until, committed = time.monotonic() + run_s, 0
+        source, tags = open_source(pipeline, lake, pubsub.client), source_tag(pipeline)
+        turn = take_turn(context.instance, context.run_id, tags, warm=lambda: warm_up(spark.get_session, source))
+        requested_ms, requested_by = _first_request(context, turn)
+        until_ms = plan_end(context.instance, context.run_id, run_s) if run_s else None
+        committed = 0
         while True:
             result = run_micro_batch(spark.get_session, source)
             if result is not None:
-                _report(context, raw_key, source, result, requested_ms)
+                _report(context, raw_key, source, result, requested_ms, requested_by)
                 committed += 1
-            if time.monotonic() >= until:
+            if until_ms is None or not keep_going(context.instance, context.run_id, tags, until_ms):
                 break
             if result is None:
                 time.sleep(POLL_S)
-            requested_ms = _now_ms()
+            requested_ms, requested_by = _now_ms(), "poll"
+        release(context.instance, context.run_id)
         if not committed:
             context.log.info(f"{pipeline.source_id}: no new data")
 
@@ -107,9 +113,26 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def _first_request(context: dg.OpExecutionContext, turn: Turn) -> tuple[int, str]:
+    """When the run's first batch was asked for, and by what: when the run it took over from stopped taking
+    batches ("handover"), else the run's creation (the sensor's request, a launch: "launch")."""
+    if turn.since_ms is not None:
+        return turn.since_ms, "handover"
+    record = context.instance.get_run_record_by_id(context.run_id)
+    return (int(record.create_timestamp.timestamp() * 1000) if record else _now_ms()), "launch"
+
+
+def warm_up(get_spark: Callable[[], SparkSession], source: SourceRuntime) -> None:
+    """Start the run's Spark session, onceflow's functions in it and Delta's writer of the raw table, while an
+    earlier run still takes batches."""
+    spark = get_spark()
+    register_spark_functions(spark)
+    warm_writer(spark, source.raw_path)
+
+
 def _report(
     context: dg.OpExecutionContext, raw_key: dg.AssetKey, source: SourceRuntime, result: IngestResult,
-    requested_ms: int,
+    requested_ms: int, requested_by: str,
 ) -> None:
     """Check a committed batch balances, say what it did and record it as a materialization."""
     if not result.balances():
@@ -119,7 +142,8 @@ def _report(
         f"duplicates {result.duplicates}, dead-lettered {result.dead_lettered_new}"
         + (" (replayed batch: already committed, nothing written)" if result.replayed else "")
     )
-    metadata = {**ingest_metadata(result), "requested_at_ms": requested_ms, "committed_at_ms": _now_ms()}
+    metadata = {**ingest_metadata(result), "requested_at_ms": requested_ms, "requested_by": requested_by,
+                "committed_at_ms": _now_ms()}
     plan = source.plans.plan_of(result.batch_id)
     if plan is not None:
         metadata.update({f"lag_{stream}": count for stream, count in source.reader.lag(plan).items()})

@@ -93,7 +93,7 @@ def test_the_daemon_runs_the_micro_batches_on_postgres(spark_connect: SparkConne
         ticks = query(stack.postgres, "SELECT count(*) FROM job_ticks "
                       "WHERE CAST(tick_body AS json)->>'job_name' = 'events_micro_batch_sensor'")
         assert ticks[0][0] >= 2
-        # One micro-batch run per source at a time (its pool's limit is 1): no two of them overlapped.
+        # One micro-batch run per source at a time (the sensor waits for the one in flight): no two overlapped.
         records = sorted(stack.instance.get_run_records(), key=lambda r: r.start_time or 0)
         spans = [(r.start_time, r.end_time) for r in records if r.dagster_run.job_name == "ingest_events"]
         assert all(end is not None for _, end in spans)

@@ -18,6 +18,7 @@ from pyspark.sql import SparkSession
 from onceflow.jobs.declare.declaration import Pipeline
 from onceflow.jobs.delta.commit_log import committed_batch
 from onceflow.jobs.ingest.micro_batch import run_micro_batch
+from onceflow.jobs.run_relay import READY_TAG, RELEASED_TAG, stamped
 from onceflow.jobs.sources.reader import SourceRuntime, open_source
 from onceflow.orchestration.workload import Event, expected_raw, make_events
 from onceflow.resources.files import FileChangedError
@@ -205,6 +206,71 @@ def test_a_warm_run_takes_each_new_batch_as_its_own_materialization(incoming: Pa
     assert [(m["batch_id"], m["inserted"]) for m in metadata] == [(1, 50), (2, 50)]
     assert metadata[0]["requested_at_ms"] == int(record.create_timestamp.timestamp() * 1000)
     assert metadata[0]["committed_at_ms"] <= metadata[1]["requested_at_ms"] < metadata[1]["committed_at_ms"]
+
+
+def _stamps(dagster_home: Path, tag: str) -> dict[str, int]:
+    """Each run's own stamp on `tag` (onceflow.jobs.run_relay), by run id."""
+    with dg.DagsterInstance.from_config(str(dagster_home)) as instance:
+        runs = instance.get_runs()
+    return {run.run_id: ms for run in runs if (ms := stamped(run, tag)) is not None}
+
+
+def _wait_for(what: str, condition, seconds: float = 150) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {seconds:.0f} s for {what}"
+        time.sleep(0.2)
+
+
+@pytest.mark.engine_paths
+def test_a_warm_run_hands_over_to_the_next_run_without_a_gap(incoming: Path, home: Path, tmp_path: Path) -> None:
+    """A second run launched while the first is warm starts its Spark session, says it is ready and waits its turn;
+    the first stops at its planned end (20 s) and releases the source; the second takes what arrived meanwhile as
+    its first batch, asked for at that release. No batch of one run commits while the other holds the source, and
+    every record is in once."""
+    sent = make_events(50, START_MS, 60_000, seed=41, prefix="h0")
+    write_jsonl(incoming / "0.jsonl", [e.json_line() for e in sent])
+    dagster_home = tmp_path / "dagster"
+    dagster_home.mkdir()
+    outcomes: list[subprocess.CompletedProcess[str]] = []
+
+    def launch(run_s: str) -> threading.Thread:
+        thread = threading.Thread(target=lambda: outcomes.append(
+            dagster_micro_batch(str(home), None, dagster_home=str(dagster_home), micro_batch_run_s=run_s)))
+        thread.start()
+        return thread
+
+    runs = [launch("20")]
+    raw = LakeResource(home=str(home)).table_path("raw/events")
+    _wait_for("batch 1", lambda: (committed_batch(raw, "events/files") or 0) >= 1)
+    runs.append(launch("30"))
+    _wait_for("the second run to be ready", lambda: _stamps(dagster_home, READY_TAG))
+    # A producer writes a file every 0.2 s until after the handover, so that some wait in the gap between the
+    # first run's last poll and the second's first.
+    released_at: float | None = None
+    while released_at is None or time.monotonic() < released_at + 2:
+        events = make_events(5, START_MS + 60_000, 60_000, seed=len(sent), prefix=f"h{len(sent)}-")
+        write_jsonl(incoming / f"{len(sent)}.jsonl", [e.json_line() for e in events])
+        sent += events
+        time.sleep(0.2)
+        if released_at is None and _stamps(dagster_home, RELEASED_TAG):
+            released_at = time.monotonic()
+    for run in runs:
+        run.join(timeout=200)
+    assert [o.returncode for o in outcomes] == [0, 0], "\n".join(o.stdout[-2000:] + o.stderr[-2000:] for o in outcomes)
+
+    assert read_rows(raw, RAW) == expected_raw(sent)
+    with dg.DagsterInstance.from_config(str(dagster_home)) as instance:
+        older, newer = sorted(instance.get_run_records(), key=lambda r: r.storage_id)
+        batches = [[{k: v.value for k, v in e.asset_materialization.metadata.items()} for e in instance.all_logs(
+            r.dagster_run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)] for r in (older, newer)]
+    released = stamped(older.dagster_run, RELEASED_TAG)
+    ready = stamped(newer.dagster_run, READY_TAG)
+    assert released is not None and ready is not None and ready <= released  # warm before the first stopped
+    assert batches[0][0]["requested_by"] == "launch" and batches[1][0]["requested_by"] == "handover"
+    assert batches[1][0]["requested_at_ms"] == released
+    assert max(m["committed_at_ms"] for m in batches[0]) <= released < batches[1][0]["committed_at_ms"]
+    assert [m["batch_id"] for m in batches[0] + batches[1]] == list(range(1, len(batches[0]) + len(batches[1]) + 1))
 
 
 @pytest.mark.parametrize("split_bytes", [64, 1000])

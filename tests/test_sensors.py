@@ -17,8 +17,10 @@ import pytest
 from dagster._core.test_utils import create_run_for_test
 
 from onceflow.jobs.declare.declaration import Pipeline
+from onceflow.jobs.ingest_job import source_tag
 from onceflow.jobs.publish.commit_store import CommitStore
 from onceflow.jobs.publish.pane_sequence import publish_pane
+from onceflow.jobs.run_relay import RELAY_TAG, UNTIL_TAG, plan_end
 from onceflow.jobs.run_worker import worker_tags
 from onceflow.jobs.sources.checkpoint import SourceCheckpoint
 from onceflow.jobs.sources.reader import open_source
@@ -87,6 +89,30 @@ def test_micro_batch_sensor_requests_the_next_batch_one_at_a_time(
     later = evaluate(sensor, instance, lake, again.cursor)
     assert [r.run_key for r in later.run_requests] == ["events:batch:2"]
     assert json.loads(later.cursor)["batch"] == 2
+
+
+def test_micro_batch_sensor_relays_an_active_worker_run_shortly_before_its_planned_end(
+    tmp_path: Path, instance: dg.DagsterInstance, pipeline: Pipeline
+) -> None:
+    lake = LakeResource(home=str(tmp_path / "home"))
+    sensor = build_micro_batch_sensor(pipeline, idle_tick_s=15, run_s=60)
+    worker = create_run_for_test(instance, job_name="ingest_events", status=dg.DagsterRunStatus.STARTED,
+                                 tags=source_tag(pipeline))
+    instance.add_run_tags(worker.run_id, worker_tags(worker.run_id, os.getpid()))
+    until = plan_end(instance, worker.run_id, 60)
+    assert isinstance(evaluate(sensor, instance, lake, None), dg.SkipReason)  # 60 s before its end
+
+    instance.add_run_tags(worker.run_id, {UNTIL_TAG: f"{until - 45_000}@{worker.run_id}"})  # 15 s before its end
+    assert isinstance(evaluate(sensor, instance, lake, None), dg.SkipReason)  # the source idle: let it end
+
+    instance.report_runless_asset_event(dg.AssetMaterialization("raw_events"))  # it committed a batch
+    [request] = evaluate(sensor, instance, lake, None).run_requests
+    assert request.run_key == f"events:relay:{worker.run_id}" and request.tags[RELAY_TAG] == worker.run_id
+    create_run_for_test(instance, job_name="ingest_events", status=dg.DagsterRunStatus.NOT_STARTED,
+                        tags=request.tags)
+    assert isinstance(evaluate(sensor, instance, lake, None), dg.SkipReason)  # its successor is on its way
+    # Without worker runs (run_s 0) nothing is relayed.
+    assert isinstance(evaluate(build_micro_batch_sensor(pipeline, 15), instance, lake, None), dg.SkipReason)
 
 
 def test_window_sensor_requests_closed_windows_in_order_then_refires_late_ones(

@@ -35,7 +35,7 @@ DEMO_SETTINGS = {
     "ONCEFLOW_WATERMARK_BAND_S": "5",
     "ONCEFLOW_WATERMARK_IDLE_S": "10",
     "ONCEFLOW_IDLE_TICK_S": "10",
-    "ONCEFLOW_MICRO_BATCH_RUN_S": "60",
+    "ONCEFLOW_MICRO_BATCH_RUN_S": "20",
     "ONCEFLOW_BIGQUERY_DATASET": "onceflow_demo",
 }
 
@@ -167,7 +167,7 @@ def run_streaming(
             print(f"  [{'ok' if held else 'FAILED'}] {name}", flush=True)
         latencies = _latencies(instance, pipeline.name, output.asset, expected, closes, commits)
         for name, value in latencies.items():
-            print(f"  {name}: {value:.1f}s", flush=True)
+            print(f"  {name}: {value}" if name.endswith("(count)") else f"  {name}: {value:.1f}s", flush=True)
         _record_latencies(latencies, {"profile": profile, "engine_path": stack.engine_path,
                                       "source": pipeline.source.kind})
         ok = all(checks.values())
@@ -230,29 +230,36 @@ def _latencies(instance, name: str, asset: str, expected: Expected, closes, comm
         for w, events in expected.on_time.items() if w in done_ms for e in events
     ]
     records = instance.get_run_records(filters=dg.RunsFilter(job_name=f"ingest_{name}"))
-    # Every committed batch records when it was requested (the sensor's run request, or the warm run's own poll)
-    # and when it committed; idle polls commit nothing and record nothing.
-    later, first_of_run = [], []
+    # Every committed batch records when it was requested and by what (`requested_by`: the run's launch, the handover
+    # from the run before it, or the warm run's own poll) and when it committed; idle polls record nothing.
+    by: dict[str, list[float]] = {"launch": [], "handover": [], "poll": []}
     for r in records:
-        events = instance.all_logs(r.dagster_run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
-        for k, event in enumerate(events):
+        for event in instance.all_logs(r.dagster_run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION):
             metadata = event.asset_materialization.metadata if event.asset_materialization else {}
-            if "requested_at_ms" in metadata and "committed_at_ms" in metadata:
+            if {"requested_at_ms", "requested_by", "committed_at_ms"} <= metadata.keys():
                 seconds = (metadata["committed_at_ms"].value - metadata["requested_at_ms"].value) / 1000
-                (first_of_run if k == 0 else later).append(seconds)
+                by[metadata["requested_by"].value].append(seconds)
     queued = [r.start_time - r.create_timestamp.timestamp() for r in records if r.start_time]
     result = {}
     if to_output:
         result["publish -> window output committed (median over events)"] = statistics.median(to_output)
         result["  window end -> window closed (median over windows)"] = statistics.median(end_to_close)
         result["  window closed -> published (median over windows)"] = statistics.median(close_to_done)
-    if first_of_run:
+    if any(by.values()):
         result["batch requested -> micro-batch committed (median over batches)"] = statistics.median(
-            later + first_of_run)
-        result["  first batch of a run: sensor tick -> committed (median over runs)"] = statistics.median(first_of_run)
+            [s for seconds in by.values() for s in seconds])
+    if by["launch"]:
+        result["  first batch of a launched run: sensor tick -> committed (median over runs)"] = statistics.median(
+            by["launch"])
         result["  of which requested -> run process started"] = statistics.median(queued)
-    if later:
-        result["  later batches of a run: its own poll -> committed (median over batches)"] = statistics.median(later)
+    if by["handover"]:
+        result["  first batch of a relayed run: the run before stops -> committed (median over runs)"] = (
+            statistics.median(by["handover"]))
+    if by["poll"]:
+        result["  later batches of a run: its own poll -> committed (median over batches)"] = statistics.median(
+            by["poll"])
+    for kind, seconds in by.items():
+        result[f"  batches requested by {kind} (count)"] = len(seconds)
     return result
 
 

@@ -5,7 +5,9 @@ checkpoint was restored from an older copy: the batch realigns it, so the waterm
 with no new data); or, with no new data, every `idle_tick_s` while some window is still open, so that an idle
 source's watermark advances and its last windows close. Never while a batch of the source is in flight (queued,
 running, or failed with a Dagster retry pending): batches commit in order, one at a time, which the source's
-concurrency pool enforces as well.
+runs' turns (`onceflow.jobs.run_relay`) enforce as well. The one exception: while the source is active, a worker run
+(`ONCEFLOW_MICRO_BATCH_RUN_S`) gets its successor requested shortly before its planned end (run key
+`<pipeline>:relay:<run id>`), which starts warm and takes over without a gap.
 
 Run keys are `<pipeline>:batch:<n>`, n the batch the source checkpoint expects next. A run that ended without
 committing batch n (it found no data, or failed for good) has used that key; the next request for n is then
@@ -21,11 +23,12 @@ from google.api_core.exceptions import NotFound
 
 from onceflow.jobs.declare.declaration import Pipeline
 from onceflow.jobs.ingest.micro_batch import lake_ahead
-from onceflow.jobs.ingest_job import source_tag
+from onceflow.jobs.ingest_job import raw_asset_key, source_tag
+from onceflow.jobs.run_relay import RELAY_LEAD_S, RELAY_TAG, due_for_relay
 from onceflow.jobs.sources.checkpoint import SourceCheckpoint
 from onceflow.jobs.sources.reader import open_source, source_watermark_ms
 from onceflow.jobs.windows.panes import Window
-from onceflow.orchestration.sensors.runs import in_flight, runs_tagged
+from onceflow.orchestration.sensors.runs import in_flight, retry_pending, runs_tagged
 from onceflow.resources.lake import LakeResource
 from onceflow.resources.pubsub import PubSubResource
 
@@ -44,7 +47,28 @@ def windows_open(pipeline: Pipeline, checkpoint: SourceCheckpoint) -> bool:
     )
 
 
-def build_micro_batch_sensor(pipeline: Pipeline, idle_tick_s: float) -> dg.SensorDefinition:
+def active(instance: dg.DagsterInstance, pipeline: Pipeline, checkpoint: SourceCheckpoint, within_s: float) -> bool:
+    """Whether the source committed a batch in the last `within_s` seconds, or some window waits for its watermark:
+    then a worker run is relayed by the next one instead of ending."""
+    latest = instance.get_latest_materialization_event(raw_asset_key(pipeline))
+    return (latest is not None and time.time() - latest.timestamp < within_s) or windows_open(pipeline, checkpoint)
+
+
+def relay_request(
+    instance: dg.DagsterInstance, pipeline: Pipeline, runs: list[dg.DagsterRun], checkpoint: SourceCheckpoint,
+    run_s: float,
+) -> dg.RunRequest | None:
+    """The next worker run, requested before the current one's planned end while the source is active."""
+    if any(retry_pending(instance, run) for run in runs):
+        return None
+    current = due_for_relay(runs, int(time.time() * 1000))
+    if current is None or not active(instance, pipeline, checkpoint, max(run_s, RELAY_LEAD_S)):
+        return None
+    return dg.RunRequest(run_key=f"{pipeline.name}:relay:{current.run_id}", tags={
+        **source_tag(pipeline), RELAY_TAG: current.run_id, "onceflow/why": f"relay: takes over from {current.run_id}"})
+
+
+def build_micro_batch_sensor(pipeline: Pipeline, idle_tick_s: float, run_s: float = 0.0) -> dg.SensorDefinition:
     job_name = f"ingest_{pipeline.name}"
 
     @dg.sensor(
@@ -58,10 +82,12 @@ def build_micro_batch_sensor(pipeline: Pipeline, idle_tick_s: float) -> dg.Senso
         context: dg.SensorEvaluationContext, lake: LakeResource, pubsub: PubSubResource
     ) -> dg.SensorResult | dg.SkipReason:
         tags = source_tag(pipeline)
-        busy = in_flight(context.instance, runs_tagged(context.instance, tags, limit=5))
-        if busy:
-            return dg.SkipReason(f"a batch is in flight: {busy}")
+        runs = runs_tagged(context.instance, tags, limit=5)
+        busy = in_flight(context.instance, runs)
         source = open_source(pipeline, lake, pubsub.client)
+        if busy:
+            relay = relay_request(context.instance, pipeline, runs, source.checkpoints.load(), run_s) if run_s else None
+            return dg.SensorResult(run_requests=[relay]) if relay else dg.SkipReason(f"a batch is in flight: {busy}")
         checkpoint = source.checkpoints.load()
         cursor = json.loads(context.cursor) if context.cursor else {"batch": 0, "at_ms": 0}
         now_ms = int(time.time() * 1000)
