@@ -10,7 +10,9 @@ Relay: a worker run (`ONCEFLOW_MICRO_BATCH_RUN_S` > 0) says when it means to sto
 before that, its sensor requests the next run while the source is active; that run starts its process and Spark
 session while the first still takes batches, says it is ready (`READY_TAG`) and waits its turn. At its planned
 end, a run with a later run of its source alive keeps taking batches until that run is ready (for at most
-`HANDOVER_GRACE_S`), then releases the source; the ready run takes the next batch a poll later.
+`HANDOVER_GRACE_S`), then releases the source; the ready run takes the next batch a poll later. A later run that
+is not a worker's successor (a launch from the UI or the command line, a retry) is handed over to as soon as it is
+ready: each run takes at least one poll, and turns go by creation, so every run gets its turn.
 """
 
 from __future__ import annotations
@@ -89,15 +91,17 @@ def take_turn(instance: dg.DagsterInstance, run_id: str, tags: dict[str, str], w
 
 
 def keep_going(instance: dg.DagsterInstance, run_id: str, tags: dict[str, str], until_ms: int) -> bool:
-    """Whether a worker run takes another batch: before its planned end, yes; after it, while a later run of the
-    source is alive but not ready yet, within `HANDOVER_GRACE_S`."""
+    """Whether a worker run takes another batch: not once a later run of the source that is not its own successor
+    (a launch from the UI or the command line, a retry) is ready and waiting for it; else before its planned end,
+    yes; after it, while a later run of the source is alive but not ready yet, within `HANDOVER_GRACE_S`."""
+    later = [r.dagster_run for r in _runs_around(instance, run_id, tags)[1] if holds_source(r.dagster_run)]
+    ready = [run for run in later if stamped(run, READY_TAG) is not None]
+    if any(run.tags.get(RELAY_TAG) != run_id for run in ready):
+        return False
     now = _now_ms()
     if now < until_ms:
         return True
-    if now >= until_ms + HANDOVER_GRACE_S * 1000:
-        return False
-    later = [r.dagster_run for r in _runs_around(instance, run_id, tags)[1] if holds_source(r.dagster_run)]
-    return bool(later) and not any(stamped(run, READY_TAG) is not None for run in later)
+    return now < until_ms + HANDOVER_GRACE_S * 1000 and bool(later) and not ready
 
 
 def release(instance: dg.DagsterInstance, run_id: str) -> None:

@@ -80,7 +80,8 @@ def definitions(pipelines: Sequence[Pipeline] | None = None, settings: Settings 
         asset_checks=[build_commits_check(o.asset) for _, o in outputs],
         jobs=[*ingest_jobs, finalize_commits, maintenance, prune],
         schedules=[maintenance_schedule, prune_schedule],
-        sensors=[build_micro_batch_sensor(p, settings.idle_tick_s, settings.micro_batch_run_s) for p in pipelines]
+        sensors=[build_micro_batch_sensor(p, settings.idle_tick_s, settings.micro_batch_run_s, settings.keep_warm_s)
+                 for p in pipelines]
         + [build_window_sensor(p, o) for p, o in outputs]
         + [build_commit_sensor([o.asset for _, o in outputs]), build_dead_run_sensor()],
         resources=resources,

@@ -109,6 +109,10 @@ class Settings(BaseSettings):
     micro_batch_run_s: float = Field(
         default=0.0, ge=0, description="How long a micro-batch run keeps taking batches after its first (0: one)."
     )
+    keep_warm_s: float = Field(
+        default=0.0, ge=0, description="How long after a source's last batch its worker runs are still relayed by "
+        "warm successors (0: one run's length): a batch after a quieter spell waits for a cold run's start.",
+    )
 
     events_source: Literal["pubsub", "files", "kafka"] = "pubsub"
     kafka_bootstrap: str = Field(default="127.0.0.1:9092", description="The built-in `events` pipeline's Kafka brokers.")

@@ -225,9 +225,9 @@ def _wait_for(what: str, condition, seconds: float = 150) -> None:
 @pytest.mark.engine_paths
 def test_a_warm_run_hands_over_to_the_next_run_without_a_gap(incoming: Path, home: Path, tmp_path: Path) -> None:
     """A second run launched while the first is warm starts its Spark session, says it is ready and waits its turn;
-    the first stops at its planned end (20 s) and releases the source; the second takes what arrived meanwhile as
-    its first batch, asked for at that release. No batch of one run commits while the other holds the source, and
-    every record is in once."""
+    the first (a launch waits for it) stops after its current poll and releases the source; the second takes what
+    arrived meanwhile as its first batch, asked for at that release. No batch of one run commits while the other
+    holds the source, and every record is in once."""
     sent = make_events(50, START_MS, 60_000, seed=41, prefix="h0")
     write_jsonl(incoming / "0.jsonl", [e.json_line() for e in sent])
     dagster_home = tmp_path / "dagster"

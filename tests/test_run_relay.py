@@ -20,6 +20,7 @@ from dagster._core.test_utils import create_run_for_test
 from onceflow.jobs.run_relay import (
     HANDOVER_GRACE_S,
     READY_TAG,
+    RELAY_TAG,
     RELEASED_TAG,
     UNTIL_TAG,
     due_for_relay,
@@ -113,6 +114,10 @@ def test_a_worker_run_keeps_going_past_its_end_only_for_a_successor_still_starti
     instance.add_run_tags(successor.run_id, worker_tags(successor.run_id, os.getpid()))
     instance.add_run_tags(successor.run_id, {READY_TAG: f"{now_ms()}@{successor.run_id}"})
     assert not keep_going(instance, run.run_id, SOURCE, ended)  # it is ready: hand over
+    # Before its end, a worker hands over only to a ready run that is not its own successor (a UI launch, a retry).
+    assert not keep_going(instance, run.run_id, SOURCE, until)
+    instance.add_run_tags(successor.run_id, {RELAY_TAG: run.run_id})
+    assert keep_going(instance, run.run_id, SOURCE, until)
 
 
 def test_only_a_lone_worker_near_its_planned_end_is_due_for_relay(instance: dg.DagsterInstance) -> None:

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from onceflow.jobs.run_worker import worker_tags
 from onceflow.jobs.sources.checkpoint import SourceCheckpoint
 from onceflow.jobs.sources.reader import open_source
 from onceflow.jobs.windows.panes import CloseStore, PaneClose, Window
-from onceflow.orchestration.sensors.micro_batch import BATCH_TAG, build_micro_batch_sensor
+from onceflow.orchestration.sensors.micro_batch import BATCH_TAG, active, build_micro_batch_sensor
 from onceflow.orchestration.sensors.runs import build_dead_run_sensor, in_flight
 from onceflow.orchestration.sensors.window import build_window_sensor
 from onceflow.resources.lake import LakeResource
@@ -113,6 +114,12 @@ def test_micro_batch_sensor_relays_an_active_worker_run_shortly_before_its_plann
     assert isinstance(evaluate(sensor, instance, lake, None), dg.SkipReason)  # its successor is on its way
     # Without worker runs (run_s 0) nothing is relayed.
     assert isinstance(evaluate(build_micro_batch_sensor(pipeline, 15), instance, lake, None), dg.SkipReason)
+    # Active: a batch within the keep-warm time (ONCEFLOW_KEEP_WARM_S), or a window waiting for its watermark.
+    time.sleep(1.1)
+    checkpoint = SourceCheckpoint()
+    assert not active(instance, pipeline, checkpoint, within_s=1) and active(instance, pipeline, checkpoint, 60)
+    checkpoint = SourceCheckpoint(max_event_time_ms=BASE, watermark={"watermark_ms": BASE})
+    assert active(instance, pipeline, checkpoint, within_s=1)
 
 
 def test_window_sensor_requests_closed_windows_in_order_then_refires_late_ones(

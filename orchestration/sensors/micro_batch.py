@@ -56,19 +56,23 @@ def active(instance: dg.DagsterInstance, pipeline: Pipeline, checkpoint: SourceC
 
 def relay_request(
     instance: dg.DagsterInstance, pipeline: Pipeline, runs: list[dg.DagsterRun], checkpoint: SourceCheckpoint,
-    run_s: float,
+    warm_s: float,
 ) -> dg.RunRequest | None:
     """The next worker run, requested before the current one's planned end while the source is active."""
     if any(retry_pending(instance, run) for run in runs):
         return None
     current = due_for_relay(runs, int(time.time() * 1000))
-    if current is None or not active(instance, pipeline, checkpoint, max(run_s, RELAY_LEAD_S)):
+    if current is None or not active(instance, pipeline, checkpoint, max(warm_s, RELAY_LEAD_S)):
         return None
     return dg.RunRequest(run_key=f"{pipeline.name}:relay:{current.run_id}", tags={
         **source_tag(pipeline), RELAY_TAG: current.run_id, "onceflow/why": f"relay: takes over from {current.run_id}"})
 
 
-def build_micro_batch_sensor(pipeline: Pipeline, idle_tick_s: float, run_s: float = 0.0) -> dg.SensorDefinition:
+def build_micro_batch_sensor(
+    pipeline: Pipeline, idle_tick_s: float, run_s: float = 0.0, keep_warm_s: float = 0.0
+) -> dg.SensorDefinition:
+    """The sensor; with worker runs (`run_s` > 0), it relays them while the source committed a batch within
+    `keep_warm_s` (default: `run_s`) or a window waits for its watermark."""
     job_name = f"ingest_{pipeline.name}"
 
     @dg.sensor(
@@ -86,7 +90,7 @@ def build_micro_batch_sensor(pipeline: Pipeline, idle_tick_s: float, run_s: floa
         busy = in_flight(context.instance, runs)
         source = open_source(pipeline, lake, pubsub.client)
         if busy:
-            relay = relay_request(context.instance, pipeline, runs, source.checkpoints.load(), run_s) if run_s else None
+            relay = relay_request(context.instance, pipeline, runs, source.checkpoints.load(), keep_warm_s or run_s) if run_s else None
             return dg.SensorResult(run_requests=[relay]) if relay else dg.SkipReason(f"a batch is in flight: {busy}")
         checkpoint = source.checkpoints.load()
         cursor = json.loads(context.cursor) if context.cursor else {"batch": 0, "at_ms": 0}
