@@ -236,7 +236,8 @@ def test_a_warm_run_hands_over_to_the_next_run_without_a_gap(incoming: Path, hom
 
     def launch(run_s: str) -> threading.Thread:
         thread = threading.Thread(target=lambda: outcomes.append(
-            dagster_micro_batch(str(home), None, dagster_home=str(dagster_home), micro_batch_run_s=run_s)))
+            dagster_micro_batch(str(home), None, dagster_home=str(dagster_home), micro_batch_run_s=run_s,
+                                max_files="1000")))
         thread.start()
         return thread
 
@@ -244,11 +245,11 @@ def test_a_warm_run_hands_over_to_the_next_run_without_a_gap(incoming: Path, hom
     raw = LakeResource(home=str(home)).table_path("raw/events")
     _wait_for("batch 1", lambda: (committed_batch(raw, "events/files") or 0) >= 1)
     runs.append(launch("30"))
-    _wait_for("the second run to be ready", lambda: _stamps(dagster_home, READY_TAG))
-    # A producer writes a file every 0.2 s until after the handover, so that some wait in the gap between the
-    # first run's last poll and the second's first.
-    released_at: float | None = None
+    # A producer writes a file every 0.2 s from now until after the handover: the first run's last batch takes
+    # a second or more, so files wait in the gap between its last poll and the second run's first.
+    deadline, released_at = time.monotonic() + 150, None
     while released_at is None or time.monotonic() < released_at + 2:
+        assert time.monotonic() < deadline, "waited 150 s for the first run to release the source"
         events = make_events(5, START_MS + 60_000, 60_000, seed=len(sent), prefix=f"h{len(sent)}-")
         write_jsonl(incoming / f"{len(sent)}.jsonl", [e.json_line() for e in events])
         sent += events
