@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 import pytest
@@ -49,7 +50,14 @@ def killed_after_publishing(
     subscription = source.pipeline.source.subscription
     held = client.pull_concurrently(subscription, PullBounds(len(events))) if hold_base else []
     assert len(held) == len(events) * hold_base
-    crashed = dagster_micro_batch(str(home), point, pubsub_project=project, ack_deadline_s=str(ack_deadline_s))
+    with ThreadPoolExecutor(1) as pool:
+        run = pool.submit(dagster_micro_batch, str(home), point, pubsub_project=project,
+                          ack_deadline_s=str(ack_deadline_s))
+        # Held for as long as the run takes to start and reach its point (under load, longer than a lease).
+        while held and not run.done():
+            client.modify_ack_deadline(subscription, [m.ack_id for m in held], ack_deadline_s)
+            wait([run], timeout=max(ack_deadline_s / 3, 0.5))
+        crashed = run.result()
     assert f"crash injected at {point}" in crashed.stderr + crashed.stdout, crashed.stderr[-2000:]
     client.modify_ack_deadline(subscription, [m.ack_id for m in held], 0)
     return source
