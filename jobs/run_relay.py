@@ -77,7 +77,8 @@ class Turn:
 
 def take_turn(instance: dg.DagsterInstance, run_id: str, tags: dict[str, str], warm: Callable[[], None]) -> Turn:
     """Wait until no earlier run of the source holds it. Where one does, `warm` (the Spark session) first, then
-    say this run is ready, so the earlier one hands over at its planned end."""
+    say this run is ready, so the earlier one hands over (at its planned end to its own successor, at once to any
+    other run; see `keep_going`)."""
     earlier = [r for r in _runs_around(instance, run_id, tags)[0] if holds_source(r.dagster_run)]
     if not earlier:
         return Turn(waited=False, since_ms=None)
