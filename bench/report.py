@@ -190,11 +190,15 @@ def extras(result: dict[str, Any]) -> list[str]:
     if growth:
         for rows, size in growth["sizes"].items():
             lines.append(f"table_growth {int(rows):>12,} rows: median batch {size['with_batch_s']:.2f} s with the "
-                         f"fast path, {size['without_batch_s']:.2f} s without; "
+                         f"fast path, {size['without_batch_s']:.2f} s without; redelivery batch "
+                         f"{size.get('with_redelivery_s', float('nan')):.2f} s with, "
+                         f"{size.get('without_redelivery_s', float('nan')):.2f} s without; "
                          f"filter rebuild {size['filter_rebuild_s']:.2f} s")
         small, large = growth["ratio_sizes"]
         lines.append(f"table_growth {large:,} / {small:,} rows: with the fast path "
-                     f"x{fmt(growth['ratio_with_fast_path'])}, without x{fmt(growth['ratio_without'])}{_memory(growth)}")
+                     f"x{fmt(growth['ratio_with_fast_path'])}, without x{fmt(growth['ratio_without'])}; redelivery "
+                     f"batch with x{fmt(growth.get('ratio_redelivery_with_fast_path'))}, without "
+                     f"x{fmt(growth.get('ratio_redelivery_without'))}{_memory(growth)}")
     again = result.get("redelivery")
     if again and again["ratio"]:
         small, large = again["ratio_sizes"]

@@ -18,10 +18,13 @@ Per table size N (`--growth-rows`, default 1,000,000 and 10,000,000), on `bench.
    rather than the table's size). Each batch starts once the disk has written back the writes before it
    (`os.sync`). Each `run_micro_batch` is timed (plan, read, validate, dedup, commit,
    checkpoint); the figure per home is the median.
-5. Checked, not timed: each raw table then holds N + the distinct fresh events, all of them distinct.
+5. Then one more batch per home, timed apart (`*_redelivery_s`): a tenth of its records are bulk-loaded records
+   drawn from the whole horizon (a producer replaying random old records, a subscription seek: the repeats no
+   recent commit holds), the rest fresh events. Every redelivered record must be found committed.
+6. Checked, not timed: each raw table then holds N + the distinct fresh events, all of them distinct.
 
-A discarded warm-up (a small table, two batches per home) runs first. `ratio_*` is the median per-batch time at
-the largest N over that at the smallest.
+A discarded warm-up (a small table, two batches and a redelivery per home) runs first. `ratio_*` is the median
+per-batch time at the largest N over that at the smallest; `ratio_redelivery_*` the same for the redelivery batch.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import random
 import shutil
 import statistics
 import tempfile
@@ -88,6 +92,23 @@ def write_batches(directory: Path, batches: int, records: int, end_ms: int) -> i
         chunk = stream[i * per_file : (i + 1) * per_file]
         (directory / f"part-{i:03d}.jsonl").write_text("".join(f"{e.json_line()}\n" for e in chunk))
     return events
+
+
+def write_redelivery(spark: SparkSession, raw_path: str, path: Path, records: int, end_ms: int) -> tuple[int, int]:
+    """The redelivery batch's file: a tenth of `records` are bulk-loaded records drawn from the whole table, the
+    rest fresh events, shuffled; returns (redelivered, fresh)."""
+    redelivered = records // 10
+    bulk = spark.read.format("delta").load(raw_path).where("batch_id = 0")
+    old = [row.payload for row in bulk.sample(fraction=min(1.0, 3 * redelivered / bulk.count()), seed=7)
+           .limit(redelivered).select("payload").collect()]
+    if len(old) != redelivered:
+        raise BenchmarkError(f"table_growth: sampled {len(old)} of {redelivered} records to redeliver")
+    fresh = make_events(records - redelivered, end_ms - FRESH_HOURS * HOUR_MS, FRESH_HOURS * HOUR_MS, seed=9,
+                        prefix="r")
+    lines = old + [e.json_line() for e in fresh]
+    random.Random(3).shuffle(lines)
+    path.write_text("".join(f"{line}\n" for line in lines))
+    return redelivered, len(fresh)
 
 
 def bulk_load(spark: SparkSession, source: SourceRuntime, rows: int, end_ms: int) -> None:
@@ -166,19 +187,25 @@ def measure(
                for name, home in homes.items()}
     raw_files = len(DeltaTable(sources["without"].raw_path).file_uris())
     log(f"table_growth {rows:,} rows: bulk load {bulk_s:.1f} s ({raw_files} files)")
+    redelivered, fresh = write_redelivery(spark, sources["without"].raw_path,
+                                          source_dir / f"part-{batches:03d}.jsonl", batch_records, end_ms)
+    distinct += fresh
     rebuild_s, buckets = rebuild_filters(sources["with"])
     log(f"table_growth {rows:,} rows: filter rebuild {rebuild_s:.2f} s ({buckets} buckets)")
     seconds: dict[str, list[float]] = {name: [] for name in VARIANTS}
     inserted = dict.fromkeys(VARIANTS, 0)
     fast_path: list[dict[str, Any]] = []
     for name in VARIANTS:
-        for batch in range(1, batches + 1):
+        for batch in range(1, batches + 2):
             os.sync()  # the bulk load's and the batch before's writes are on disk: a checkpoint's fsync waits for none
             start = time.perf_counter()
             result = run_micro_batch(lambda: spark, sources[name])
             elapsed = time.perf_counter() - start
             if result is None or result.batch_id != batch or result.dead_lettered_total:
                 raise BenchmarkError(f"table_growth {rows} {name}: batch {batch} gave {result}")
+            if batch > batches and result.duplicates_committed != redelivered:
+                raise BenchmarkError(f"table_growth {rows} {name}: the redelivery batch found "
+                                     f"{result.duplicates_committed} of {redelivered} redelivered records")
             if name == "with" and (result.fast_path is None or result.fast_path["filters_rebuilt"]):
                 raise BenchmarkError(f"table_growth {rows}: batch {batch} did not use the saved filters: "
                                      f"{result.fast_path}")
@@ -186,8 +213,8 @@ def measure(
             inserted[name] += result.inserted
             if name == "with":
                 fast_path.append(dict(result.fast_path or {}))
-            log(f"table_growth {rows:,} rows: batch {batch} {name} fast path: {result.received} records, "
-                f"{elapsed:.2f} s")
+            log(f"table_growth {rows:,} rows: batch {batch} {name} fast path: {result.received} records"
+                f"{' (redelivery)' if batch > batches else ''}, {elapsed:.2f} s")
     for name, source in sources.items():
         total, unique = _table_facts(source.raw_path)
         if total != rows + distinct or unique != total or inserted[name] != distinct:
@@ -195,8 +222,10 @@ def measure(
                                  f"{inserted[name]} inserted; expected {rows + distinct} rows, {distinct} inserted")
     return {
         "rows": rows,
-        "with_batch_s": statistics.median(seconds["with"]),
-        "without_batch_s": statistics.median(seconds["without"]),
+        "with_batch_s": statistics.median(seconds["with"][:batches]),
+        "without_batch_s": statistics.median(seconds["without"][:batches]),
+        "with_redelivery_s": seconds["with"][batches],
+        "without_redelivery_s": seconds["without"][batches],
         "filter_rebuild_s": rebuild_s,
         "with_batch_seconds": seconds["with"],
         "without_batch_seconds": seconds["without"],
@@ -227,16 +256,21 @@ def table_growth(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any
             finally:
                 shutil.rmtree(work, ignore_errors=True)
             _print(f"table_growth {rows:,} rows: median batch {size['with_batch_s']:.2f} s with the fast path, "
-                   f"{size['without_batch_s']:.2f} s without; filter rebuild {size['filter_rebuild_s']:.2f} s")
+                   f"{size['without_batch_s']:.2f} s without; redelivery batch {size['with_redelivery_s']:.2f} s "
+                   f"with, {size['without_redelivery_s']:.2f} s without; filter rebuild "
+                   f"{size['filter_rebuild_s']:.2f} s")
     small, large = measured[str(sizes[0])], measured[str(sizes[-1])]
     several = len(sizes) > 1
     return {
         "ratio_with_fast_path": large["with_batch_s"] / small["with_batch_s"] if several else None,
         "ratio_without": large["without_batch_s"] / small["without_batch_s"] if several else None,
+        "ratio_redelivery_with_fast_path": large["with_redelivery_s"] / small["with_redelivery_s"] if several else None,
+        "ratio_redelivery_without": large["without_redelivery_s"] / small["without_redelivery_s"] if several else None,
         "ratio_sizes": [sizes[0], sizes[-1]],
         "sizes": measured,
         "config": {
-            "batches": batches, "records_per_batch": batch_records, "retry_fraction": RETRY_FRACTION,
+            "batches": batches, "redelivery_batches": 1, "redelivered_fraction": 0.1,
+            "records_per_batch": batch_records, "retry_fraction": RETRY_FRACTION,
             "loaded_hours": LOADED_HOURS, "fresh_event_hours": FRESH_HOURS, "dedup_horizon_hours": 24,
             "order": "warm-up (discarded), then per size: batches alternate without/with (with/without next)",
             "timed": TIMED,

@@ -27,7 +27,7 @@ class LakeResource(dg.ConfigurableResource):
 
     home: str
     id_filters: bool = True
-    """The dedup fast path (`onceflow.jobs.dedup.id_filters`): Bloom filters of committed IDs under `<home>/filters`. Off, every
+    """The dedup fast path (`onceflow.jobs.dedup.id_filters`): fingerprints of committed IDs under `<home>/filters`. Off, every
     batch looks its IDs up in the whole dedup horizon of the raw table."""
 
     def table_path(self, name: str) -> str:

@@ -122,7 +122,7 @@ class Settings(BaseSettings):
     allowed_lateness_s: int = Field(default=30, ge=0)
     late_policy: Literal["drop", "refire"] = "drop"
     dedup_horizon_s: int = Field(default=24 * 3600, gt=0)
-    dedup_fast_path: bool = Field(default=True, description="Bloom filters of committed IDs (DESIGN 4).")
+    dedup_fast_path: bool = Field(default=True, description="An index of committed IDs' fingerprints (DESIGN 4, docs/dedup.md).")
     run_retention_h: float = Field(default=24.0, gt=0, description="Finished micro-batch runs are kept this long.")
 
     crash_at: str | None = Field(default=None, description="Fault injection: `<point>[#k]`.")

@@ -1,8 +1,8 @@
-"""The dedup fast path: Bloom filters of committed IDs never change what lands, whatever state they are in.
+"""The dedup fast path: the fingerprints of committed IDs never change what lands, whatever state they are in.
 
 Each test ingests file batches whose records repeat records of earlier batches, with the filters deleted, restored
-from an older copy, saturated or altered between batches, and checks the raw table (read with delta-rs) holds
-every record exactly once.
+from an older copy, altered, or with rows deleted from the table between batches, and checks the raw table (read
+with delta-rs) holds what the full MERGE would have left: every record exactly once.
 """
 
 from __future__ import annotations
@@ -46,8 +46,7 @@ def _ingest_in_batches(
 ) -> tuple[list[Event], list]:
     """Four batches of 200 events over three hours; batches 2-4 each repeat 30 records of every earlier batch.
     `between(k)` runs before batch k."""
-    events = make_events(800, START_MS, 3 * 3600_000, seed=5, prefix="b")
-    results = []
+    events, results = _events(), []
     for k in range(4):
         fresh = events[200 * k : 200 * (k + 1)]
         repeats = [e for j in range(k) for e in events[200 * j : 200 * j + 30]]
@@ -55,6 +54,10 @@ def _ingest_in_batches(
         between(k)
         results.append(run_micro_batch(lambda: spark, source))
     return events, results
+
+
+def _events() -> list[Event]:
+    return make_events(800, START_MS, 3 * 3600_000, seed=5, prefix="b")
 
 
 def _source(home: Path) -> SourceRuntime:
@@ -77,9 +80,9 @@ def test_the_fast_path_proves_fresh_records_new_and_finds_the_repeats(
     events, results = _ingest_in_batches(spark, incoming, source, lambda k: None)
     _check(source, events, results)
     stats = [r.fast_path for r in results]
-    # Every repeat is a "maybe" and is found committed; fresh records are (nearly all) proven new without a lookup.
-    assert [s.get("committed_found", 0) for s in stats] == [0, 30, 60, 90]
-    assert all(s["proven_new"] >= 190 for s in stats)
+    # Every repeat is found committed and every fresh record proven new, with no read of the table.
+    assert [s["committed_found"] for s in stats] == [0, 30, 60, 90]
+    assert [s["proven_new"] for s in stats] == [200, 200, 200, 200]
     assert not any(s["filters_rebuilt"] for s in stats[1:])
 
 
@@ -115,22 +118,32 @@ def test_filters_restored_from_an_older_copy_catch_up_from_the_delta_log(
     assert not results[3].fast_path["filters_rebuilt"]
 
 
-def test_saturated_and_altered_filters_still_give_exactly_once(
+def test_altered_filters_are_rebuilt_and_rows_deleted_from_the_table_leave_them(
     spark: SparkSession, incoming: Path, home: Path
 ) -> None:
+    """Filters altered behind the manifest's back are never trusted. Rows deleted from the table (here before batch
+    3, which repeats them) leave the filters as they leave the table: the full MERGE would insert their records
+    again, and so does the fast path."""
+    from deltalake import DeltaTable
+
     source = _source(home)
+    deleted: list[str] = []
 
     def damage(k: int) -> None:
-        if k == 2:  # saturated: every bit set, every ID a "maybe"; the lookups find the truth
-            _rewrite_buckets(home, lambda words: np.full_like(words, np.uint64(2**64 - 1)), sign=True)
-        if k == 3:  # altered behind the manifest's back (all bits cleared): never trusted, rebuilt
+        if k == 2:  # every fingerprint cleared, the manifest's digests left as they were
             _rewrite_buckets(home, np.zeros_like, sign=False)
             IdFilterStore._held.clear()  # as in a new process: this one would reuse the filters it holds
+        if k == 3:  # this process's filters are current: the delete reaches them only through the log
+            deleted.extend(e.event_id for e in _events()[:10])  # batch 0's, repeated by batch 3
+            DeltaTable(source.raw_path).delete(f"record_id IN ({', '.join(repr(i) for i in deleted)})")
 
     events, results = _ingest_in_batches(spark, incoming, source, damage)
-    _check(source, events, results)
-    assert results[2].fast_path["proven_new"] == 0 and not results[2].fast_path["filters_rebuilt"]
-    assert results[3].fast_path["filters_rebuilt"] is True
+    assert read_rows(source.raw_path, RAW) == expected_raw(events)
+    again = len(deleted)
+    assert [r.inserted for r in results] == [200, 200, 200, 200 + again]
+    assert [r.duplicates_committed for r in results] == [0, 30, 60, 90 - again]
+    assert results[2].fast_path["filters_rebuilt"] is True and not results[3].fast_path["filters_rebuilt"]
+    assert all(r.balances() for r in results)
 
 
 @pytest.mark.parametrize(("field", "value"), [("table_id", "another-table"), ("test_vector", [1, 2, 3])])
@@ -204,78 +217,32 @@ def _rewrite_buckets(home: Path, change: Callable[[np.ndarray], np.ndarray], sig
         manifest_path.write_text(json.dumps(manifest))
 
 
-def test_a_bloom_filter_never_forgets_an_id() -> None:
+def test_fingerprints_find_exactly_the_committed_ids(tmp_path: Path) -> None:
+    """Filled from a table (IDs past Delta's 32-character statistics prefix, characters above U+FFFF), saved and
+    read back, the fingerprints find every committed ID in whichever bucket it was committed, and no other;
+    IDs sharing a fingerprint's first half are told apart by the second."""
     import pyarrow as pa
+    from deltalake import write_deltalake
 
-    ids = pa.array([f"id-{i}" for i in range(50_000)])
-    bloom = BucketFilter.sized_for(1_000)  # far too small: saturated, answers "maybe" more, never "no" wrongly
-    bloom.add(id_hashes(ids))
-    assert bloom.saturated and bloom.might_contain(id_hashes(ids)).all()
-    fresh = BucketFilter.sized_for(50_000)
-    fresh.add(id_hashes(ids))
-    others = id_hashes(pa.array([f"other-{i}" for i in range(50_000)]))
-    assert fresh.might_contain(id_hashes(ids)).all()
-    assert fresh.might_contain(others).mean() < 0.01
-
-
-def test_ids_kept_per_commit_belong_to_that_very_table(tmp_path: Path) -> None:
-    """The IDs read for a commit are kept per process; a table re-created at the same path (a reset, a restore)
-    has commits of the same numbers and must never be answered with the old table's IDs."""
-    import pyarrow as pa
-    from deltalake import DeltaTable, write_deltalake
-
-    from onceflow.jobs.dedup.log_ids import recent_ids
-
-    path = tmp_path / "raw"
-
-    def table_of(ids: list[str]) -> DeltaTable:
-        shutil.rmtree(path, ignore_errors=True)
-        rows = pa.table({"record_id": ids, "time_bucket": pa.array([7] * len(ids), pa.int64())})
-        write_deltalake(str(path), rows, partition_by=["time_bucket"])
-        return DeltaTable(str(path))
-
-    def ids(table: DeltaTable) -> list[str]:
-        return sorted(pa.concat_arrays(recent_ids(table, 0)).to_pylist())
-
-    first = table_of(["a", "b"])
-    assert ids(first) == ["a", "b"]
-    for data in path.rglob("*.parquet"):
-        data.unlink()  # what commit 0 added is kept: it is not read again
-    assert ids(first) == ["a", "b"]
-    assert ids(table_of(["c"])) == ["c"]
-
-
-def test_old_ids_are_looked_up_in_the_files_whose_id_range_holds_them(
-    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A redelivery of old records reads the files whose record_id statistics could hold its IDs, not whole buckets,
-    and finds every one of them even where Delta's writer truncated those statistics: IDs longer than its
-    32-character prefix, with characters above U+FFFF after it."""
-    import pyarrow as pa
-    from deltalake import DeltaTable
-
-    from onceflow.jobs.dedup.id_filters import committed_among
+    from onceflow.jobs.dedup.id_filters import Fingerprints
     from onceflow.resources.object_store import open_store
 
     path = str(tmp_path / "raw")
-    tail = "/projects/p/subscriptions/s/" + "x" * 8  # every ID is longer than the statistics' prefix
-    files = {k: [f"{k:02d}{tail}-{i:03d}" for i in range(40)] + [f"{k:02d}{tail}\U0001f600{i}" for i in range(3)]
-             for k in range(12)}
-    for ids in files.values():  # one commit, one file each, all in one bucket
-        rows = spark.createDataFrame([(i, 7) for i in ids], "record_id string, time_bucket long").coalesce(1)
-        rows.write.format("delta").mode("append").partitionBy("time_bucket").save(path)
-    filters = IdFilterStore(open_store(str(tmp_path / "filters")), "raw", path).load(None)
-    # Older than the commits looked at first (the newest 8): only the bucket lookup can find them.
-    old = files[1][:40:7] + files[1][-3:] + files[2][-2:]
-    never = [f"01{tail}-zzz", f"01{tail}\U0001f601", f"99{tail}-000"]
-    reads: list[int] = []
-    to_pyarrow_table = DeltaTable.to_pyarrow_table
+    tail = "/projects/p/subscriptions/s/" + "x" * 8
+    ids = [f"{k:02d}{tail}-{i:03d}" for k in range(12) for i in range(40)] + [f"{tail}\U0001f600{i}" for i in range(9)]
+    rows = pa.table({"record_id": ids, "time_bucket": pa.array([i % 3 for i in range(len(ids))], pa.int64())})
+    write_deltalake(path, rows, partition_by=["time_bucket"])
+    store = IdFilterStore(open_store(str(tmp_path / "filters")), "raw", path)
+    built = store.load(None)
+    store.save(built)
+    IdFilterStore._held.clear()
+    for filters in (built, store.load(None)):
+        assert sorted(filters.buckets) == [0, 1, 2] and sum(b.count for b in filters.buckets.values()) == len(ids)
+        never = [f"01{tail}-zzz", f"{tail}\U0001f601", "", "00"]
+        seen = filters.seen(id_hashes(pa.array(ids[::-7] + never)))
+        assert seen.tolist() == [True] * len(ids[::-7]) + [False] * len(never)
 
-    def counting(table: DeltaTable, *args, filters=None, **kwargs):  # type: ignore[no-untyped-def]
-        reads.append(len(list(table.to_pyarrow_dataset().get_fragments(filter=filters))))
-        return to_pyarrow_table(table, *args, filters=filters, **kwargs)
-
-    monkeypatch.setattr(DeltaTable, "to_pyarrow_table", counting)
-    found, buckets = committed_among(filters, path, pa.array(old + never))
-    assert sorted(found) == sorted(old)
-    assert buckets == 1 and reads == [2]  # the files of batches 1 and 2, of the bucket's 12
+    bucket = BucketFilter.of(Fingerprints(np.array([5, 5, 5, 7], np.uint64), np.array([1, 2, 3, 4], np.uint64)))
+    asked = Fingerprints(np.array([5, 5, 5, 5, 7, 7, 6], np.uint64), np.array([3, 2, 1, 9, 4, 1, 1], np.uint64))
+    assert bucket.contains(asked).tolist() == [True, True, True, False, True, False, False]
+    assert BucketFilter.from_bytes(bucket.to_bytes()).contains(asked).tolist() == bucket.contains(asked).tolist()

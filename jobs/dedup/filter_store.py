@@ -8,7 +8,6 @@ import logging
 import threading
 from typing import ClassVar
 
-import numpy as np
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
@@ -16,11 +15,12 @@ from onceflow.jobs.dedup.id_filters import (
     SCHEME,
     BucketFilter,
     FilterManifest,
+    Fingerprints,
     IdFilters,
     hash_test_vector,
     id_hashes,
 )
-from onceflow.jobs.dedup.log_ids import ids_added_since
+from onceflow.jobs.dedup.log_ids import changes_since
 from onceflow.resources.delta_storage import table_snapshot
 from onceflow.resources.object_store import ObjectStore
 
@@ -33,7 +33,7 @@ that starts from the saved filters catches up by reading at most this many commi
 
 
 class IdFilterStore:
-    """Persists a raw table's filters in an object store (`<key>/manifest.json`, `<key>/<bucket>-<version>.bloom`).
+    """Persists a raw table's filters in an object store (`<key>/manifest.json`, `<key>/<bucket>-<version>.ids`).
 
     The manifest is replaced last and names immutable bucket files, so a reader sees one consistent set; a
     bucket file that is missing (a concurrent writer's clean-up, a deleted directory) is rebuilt from the table.
@@ -58,13 +58,15 @@ class IdFilterStore:
         if filters is None or filters.version > latest:
             return self._rebuild(latest, floor_bucket, table_id)
         try:
-            added = ids_added_since(table, filters.version, latest)
+            added, emptied = changes_since(table, filters.version, latest)
         except FileNotFoundError:  # the log entries since the stamp are gone (log retention): start over
+            return self._rebuild(latest, floor_bucket, table_id)
+        if emptied is None:  # rows removed from a bucket the log does not name
             return self._rebuild(latest, floor_bucket, table_id)
         filters.add(id_hashes(added["record_id"]), added["time_bucket"].to_numpy())
         filters.caught_up, filters.version = latest - filters.version, latest
-        for bucket in [b for b, bloom in filters.buckets.items() if bloom.saturated]:
-            filters.buckets[bucket] = self._filled(latest, [("time_bucket", "=", bucket)])[bucket]
+        for bucket in emptied & set(filters.buckets):  # refilled from what the table holds now
+            filters.buckets[bucket] = self._filled(latest, [("time_bucket", "=", bucket)]).get(bucket, BucketFilter())
             filters.unsaved.add(bucket)
         return filters
 
@@ -85,7 +87,7 @@ class IdFilterStore:
         names = {b: base.buckets[b] for b in kept}
         digests = {b: base.digests[b] for b in kept}
         for bucket in set(filters.buckets) - kept:
-            name, data = f"{bucket}-{filters.version}.bloom", filters.buckets[bucket].words.tobytes()
+            name, data = f"{bucket}-{filters.version}.ids", filters.buckets[bucket].to_bytes()
             self.store.write(f"{self.key}/{name}", data)
             names[bucket], digests[bucket] = name, hashlib.sha256(data).hexdigest()
         manifest = FilterManifest(scheme=SCHEME, table_id=filters.table_id, test_vector=hash_test_vector(),
@@ -131,8 +133,10 @@ class IdFilterStore:
             data = self.store.read(f"{self.key}/{name}")
             if data is None or hashlib.sha256(data).hexdigest() != manifest.digests.get(bucket):
                 return None  # missing, torn or altered: rebuild rather than trust part of a set
-            words = np.frombuffer(data, dtype=np.uint64).copy()
-            filters.buckets[bucket] = BucketFilter(words, manifest.counts.get(bucket, 0))
+            try:
+                filters.buckets[bucket] = BucketFilter.from_bytes(data)
+            except ValueError:
+                return None
         return filters
 
     def _rebuild(self, version: int, floor_bucket: int | None, table_id: str) -> IdFilters:
@@ -144,24 +148,17 @@ class IdFilterStore:
                          rebuilt=True, unsaved=set(buckets))
 
     def _filled(self, version: int, where: list | None) -> dict[int, BucketFilter]:
-        """Filters filled from the table's rows at `version` (those matching `where`), sized with room to grow.
+        """Filters filled from the table's rows at `version` (those matching `where`).
 
-        Streamed a file at a time: memory holds one record batch's IDs beside the filters, however many IDs the
-        horizon holds. A raw table's file holds one bucket (its partition), and its footer gives its row count,
-        so each filter is sized before it is filled."""
+        Streamed a file at a time: memory holds one record batch's IDs beside the fingerprints, however many IDs
+        the horizon holds. A raw table's file holds one bucket (its partition)."""
         dataset = table_snapshot(self.table_path, version=version).to_pyarrow_dataset()
-        files: dict[int, list[ds.Fragment]] = {}
+        prints: dict[int, list[Fingerprints]] = {}
         for fragment in dataset.get_fragments(filter=None if where is None else pq.filters_to_expression(where)):
-            bucket = ds.get_partition_keys(fragment.partition_expression)["time_bucket"]
-            files.setdefault(int(bucket), []).append(fragment)
-        filled = {}
-        for bucket, fragments in files.items():
-            filled[bucket] = bloom = BucketFilter.sized_for(sum(f.count_rows() for f in fragments) * 4)
-            for fragment in fragments:
-                for batch in fragment.to_batches(columns=["record_id"]):
-                    bloom.add(id_hashes(batch.column(0)))
-        return filled
-
+            bucket = int(ds.get_partition_keys(fragment.partition_expression)["time_bucket"])
+            parts = prints.setdefault(bucket, [])
+            parts += [id_hashes(batch.column(0)) for batch in fragment.to_batches(columns=["record_id"])]
+        return {bucket: BucketFilter.of(Fingerprints.concat(parts)) for bucket, parts in prints.items()}
 
 def _covers(covered_from: int | None, floor_bucket: int | None) -> bool:
     """Whether filters kept from bucket `covered_from` on answer for every bucket from `floor_bucket` on."""

@@ -29,8 +29,7 @@ from onceflow.jobs.declare.record_contract import RecordContract
 from onceflow.jobs.declare.schema import quoted
 from onceflow.jobs.dedup.filter_store import IdFilterStore
 from onceflow.jobs.dedup.first_records import first_ids, without_ordinals
-from onceflow.jobs.dedup.id_filters import IdFilters, committed_among, id_hashes
-from onceflow.jobs.dedup.log_ids import remember_commit_ids
+from onceflow.jobs.dedup.id_filters import Fingerprints, IdFilters, id_hashes
 from onceflow.jobs.delta.commit_log import ATTEMPT_KEY, own_commit_version
 from onceflow.jobs.delta.raw_table import BUCKET_MS, DEAD_LETTER_SCHEMA, bucket_of, ensure_raw_table
 from onceflow.jobs.delta.transactions import (
@@ -143,58 +142,47 @@ def _merge_with_filters(
     dedup: tuple[pa.Table, np.ndarray], metadata: dict, result: IngestResult, begun: Future | None,
 ) -> Written:
     """Commit the first record of each ID of a batch's `valid` records (`dedup`: those firsts' `record_id,
-    time_bucket, ordinal`, and the ordinals of the repeats) unless the table holds its ID, looking up only the IDs
-    the ID filters cannot rule out; then the batch's IDs join the filters.
+    time_bucket, ordinal`, and the ordinals of the repeats) unless the table holds its ID, as the ID filters say;
+    then the batch's IDs join the filters.
 
     The append is made on the very table version the filters answered for, and any commit since, whatever its app
     id, makes it fail: then it is decided again against the filters caught up with that commit, and retried.
     """
     ids, repeats = dedup
     floor = None if plan.horizon_floor_ms is None else plan.horizon_floor_ms // BUCKET_MS
-    hashes = id_hashes(ids["record_id"])
+    prints = id_hashes(ids["record_id"])
     transactions = iter([begun])  # the one begun ahead serves the first attempt; a retry starts afresh
-    held: list[tuple[IdFilters, pa.ChunkedArray | pa.Array]] = []  # the last try's filters and the IDs it added
+    held: list[tuple[IdFilters, np.ndarray]] = []  # the last try's filters, and which IDs they held
 
     def append() -> int | None:
         while held:  # a retry: the last try's filters go back, to be caught up with the commit that beat it
             store.release(held.pop()[0])
         filters = store.load(floor)
-        seen, added, dropped = _committed_ids(filters, source.raw_path, ids, hashes, result)
-        held.append((filters, added))
+        seen = _seen(filters, prints, result)
+        held.append((filters, seen))
+        dropped = ids["ordinal"].filter(pa.array(seen)).to_numpy()
         rows = without_ordinals(valid, np.concatenate([repeats, dropped]))  # one filter drops both kinds
         written = append_once(rows, source.raw_path, source.app_id, plan.batch_id, metadata,
                               next(transactions, None), read_version=filters.version)
-        return ids.num_rows - len(seen) if written else None
+        return ids.num_rows - len(dropped) if written else None
 
     written = commit_once(spark, source, plan, source.raw_path, metadata, append)
     if held:
-        filters, added = held.pop()
+        filters, seen = held.pop()
         if not written.replayed:
-            filters.add(hashes, ids["time_bucket"].to_numpy())
-            version = own_commit_version(source.raw_path, metadata, after=filters.version)
-            if version > filters.version:  # the batch's own commit: the IDs it added need no reading back
-                remember_commit_ids(source.raw_path, version, added)
-            filters.version = version
+            filters.add(prints.take(~seen), ids["time_bucket"].to_numpy()[~seen])
+            filters.version = own_commit_version(source.raw_path, metadata, after=filters.version)
         filters.drop_below(floor)
         store.release(filters)
     return written
 
 
-def _committed_ids(
-    filters: IdFilters, raw_path: str, ids: pa.Table, hashes: np.ndarray, result: IngestResult
-) -> tuple[list[str], pa.ChunkedArray | pa.Array, np.ndarray]:
-    """Which of the batch's first IDs (`ids`) the table held at the filters' version, the IDs it does not hold,
-    and the ordinals of the rows to drop for the former. Only IDs the filters cannot rule out are looked up."""
-    maybe, buckets = filters.maybe_seen(hashes)
-    result.fast_path = {"proven_new": int(len(hashes) - maybe.sum()), "maybe_seen": int(maybe.sum()),
+def _seen(filters: IdFilters, prints: Fingerprints, result: IngestResult) -> np.ndarray:
+    """Which of the batch's first IDs the table held at the filters' version (a boolean each), counted."""
+    seen = filters.seen(prints)
+    result.fast_path = {"proven_new": int(len(prints) - seen.sum()), "committed_found": int(seen.sum()),
                         "filters_rebuilt": filters.rebuilt, "filters_caught_up_commits": filters.caught_up}
-    if not buckets:
-        return [], ids["record_id"], np.array([], dtype=np.int64)
-    # An ID the filters rule out is in no bucket of the table: only the "maybe" IDs are looked up.
-    seen, read = committed_among(filters, raw_path, ids["record_id"].filter(pa.array(maybe)))
-    committed = pc.is_in(ids["record_id"], value_set=pa.array(seen, ids["record_id"].type))
-    result.fast_path.update({"committed_found": len(seen), "buckets_read": read})
-    return seen, ids["record_id"].filter(pc.invert(committed)), ids["ordinal"].filter(committed).to_numpy()
+    return seen
 
 
 def _summarize(slim: pa.Table, result: IngestResult) -> None:
