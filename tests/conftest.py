@@ -6,14 +6,20 @@ this process and every process a test starts connect to) or `classic` (this proc
 session, where Delta's writer writes an append's files and delta-rs commits them). One process cannot hold both
 (PySpark picks a session kind per process), so `make test` runs the suite on Connect and then the tests marked
 `engine_paths` again on the classic path.
+
+Run in parallel (pytest-xdist), the Connect pass shares one Spark Connect server between its workers, as the runs of a
+deployment share one engine: the controller starts it before the workers and stops it after them. One warm JVM,
+where a server per worker compiled the same Spark code twice on two cores.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import socket
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -41,6 +47,38 @@ if ENGINE not in ("connect", "classic"):
     raise ValueError(f"ONCEFLOW_TEST_ENGINE={ENGINE!r}: expected connect or classic")
 
 
+SHARED_ENGINE = "ONCEFLOW_TEST_SHARED_SPARK_REMOTE"
+_shared_engine = pytest.StashKey[SparkConnectServer]()
+
+
+@dataclass(frozen=True)
+class SharedEngine:
+    """The Spark Connect server the xdist controller started for every worker (see the module docstring)."""
+
+    url: str
+
+    def alive(self) -> bool:
+        host, port = self.url.removeprefix("sc://").rsplit(":", 1)
+        try:
+            socket.create_connection((host, int(port)), timeout=2).close()
+        except OSError:
+            return False
+        return True
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    is_controller = not hasattr(config, "workerinput")
+    if ENGINE == "connect" and is_controller and config.getoption("numprocesses", None) and shutil.which("java"):
+        config.stash[_shared_engine] = server = start_spark_connect_server()
+        os.environ[SHARED_ENGINE] = server.url  # the workers, started after this, inherit it
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    server = config.stash.get(_shared_engine, None)
+    if server is not None:
+        server.stop()
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The longest tests first: a worker that draws one late would run on alone while the other idles."""
     items.sort(key=lambda item: item.get_closest_marker("longest") is None)
@@ -66,9 +104,14 @@ def running(service: S, variable: str, value: str) -> Iterator[S]:
 
 
 @pytest.fixture(scope="session")
-def spark_connect() -> Iterator[SparkConnectServer]:
+def spark_connect() -> Iterator[SparkConnectServer | SharedEngine]:
     """One warm Spark engine for the whole run: this process and every process a test starts connect to it."""
     require(shutil.which("java") is not None, "Java 17")
+    if shared := os.environ.get(SHARED_ENGINE):
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("ONCEFLOW_SPARK_REMOTE", shared)
+            yield SharedEngine(shared)
+        return
     server = start_spark_connect_server()
     yield from running(server, "ONCEFLOW_SPARK_REMOTE", server.url)
 
@@ -101,10 +144,11 @@ def spark(request: pytest.FixtureRequest, engine_path: str) -> Iterator[SparkSes
             yield session
             session.stop()
         return
-    spark_connect: SparkConnectServer = request.getfixturevalue("spark_connect")
+    spark_connect: SparkConnectServer | SharedEngine = request.getfixturevalue("spark_connect")
     session = build_spark_session(remote=spark_connect.url)
     yield session
-    if spark_connect.process.poll() is None:  # a client of a dead server retries its goodbye for minutes
+    alive = spark_connect.alive() if isinstance(spark_connect, SharedEngine) else spark_connect.process.poll() is None
+    if alive:  # a client of a dead server retries its goodbye for minutes
         session.stop()
 
 

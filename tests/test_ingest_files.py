@@ -222,7 +222,7 @@ def _wait_for(what: str, condition, seconds: float = 150) -> None:
         time.sleep(0.2)
 
 
-@pytest.mark.engine_paths
+# One engine path: turns and relays are Dagster's side of a run; the chaos harness runs relays on both paths.
 def test_a_warm_run_hands_over_to_the_next_run_without_a_gap(incoming: Path, home: Path, tmp_path: Path) -> None:
     """A second run launched while the first is warm starts its Spark session, says it is ready and waits its turn;
     the first (a launch waits for it) stops after its current poll and releases the source; the second takes what
