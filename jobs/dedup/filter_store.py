@@ -160,6 +160,7 @@ class IdFilterStore:
             parts += [id_hashes(batch.column(0)) for batch in fragment.to_batches(columns=["record_id"])]
         return {bucket: BucketFilter.of(Fingerprints.concat(parts)) for bucket, parts in prints.items()}
 
+
 def _covers(covered_from: int | None, floor_bucket: int | None) -> bool:
     """Whether filters kept from bucket `covered_from` on answer for every bucket from `floor_bucket` on."""
     return covered_from is None or (floor_bucket is not None and floor_bucket >= covered_from)
