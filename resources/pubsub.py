@@ -21,7 +21,14 @@ from google.cloud import pubsub_v1
 from google.pubsub_v1.services.publisher.transports import PublisherGrpcTransport
 from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
 
-from onceflow.resources.pubsub_pull import CONFIRMING, FLOWING, SHORT, PullBounds, pull_concurrently
+from onceflow.resources.pubsub_pull import (
+    CONFIRMING,
+    FLOWING,
+    SHORT,
+    PullBounds,
+    PullOutcome,
+    pull_concurrently,
+)
 
 # The emulator answers an empty pull only shortly before the client timeout; a short timeout keeps polling quick.
 # Once a pull came back short, later ones wait less, but not much less: a pull among several in flight on a busy
@@ -98,6 +105,11 @@ class PubSubClient:
 
     def pull(self, subscription: str, max_messages: int, timeout_s: float = EMPTY_PULL_TIMEOUT_S) -> list[PulledMessage]:
         """One synchronous pull; an empty list when nothing arrived before the timeout."""
+        return self.pull_answer(subscription, max_messages, timeout_s) or []
+
+    def pull_answer(self, subscription: str, max_messages: int, timeout_s: float) -> list[PulledMessage] | None:
+        """One synchronous pull; None when it was cut off by its timeout (the server may have leased messages to
+        it that never arrived: they come back once their ack deadline runs out)."""
         try:
             response = self.subscriber.pull(
                 request={"subscription": self.subscription_path(subscription), "max_messages": max_messages},
@@ -105,7 +117,7 @@ class PubSubClient:
                 retry=None,
             )
         except gexc.DeadlineExceeded:
-            return []
+            return None
         # The plain protobuf, not the proto-plus wrapper: its per-field conversions cost more than the pull itself.
         return [
             PulledMessage(
@@ -132,19 +144,19 @@ class PubSubClient:
         bounds: PullBounds,
         kept: Callable[[list[PulledMessage]], None] = lambda _: None,
         timeout_s: float = EMPTY_PULL_TIMEOUT_S,
-    ) -> list[PulledMessage]:
+    ) -> PullOutcome[PulledMessage]:
         """Pull with `bounds.streams` requests in flight until a bound is reached or the subscription is drained
         (`onceflow.resources.pubsub_pull`); what came beyond the bounds goes straight back to the subscription. Each pull
-        waits up to `timeout_s`, or less once one came back short."""
+        waits up to `timeout_s`, or less once one came back short. The outcome's `kept` are the messages."""
         timeouts = {FLOWING: timeout_s, SHORT: min(timeout_s, DRAINED_PULL_TIMEOUT_S), CONFIRMING: CONFIRM_PULL_TIMEOUT_S}
 
-        def pull(wanted: int, stage: int) -> list[PulledMessage]:
-            return self.pull(subscription, wanted, timeouts[stage])
+        def pull(wanted: int, stage: int) -> list[PulledMessage] | None:
+            return self.pull_answer(subscription, wanted, timeouts[stage])
 
         def give_back(messages: list[PulledMessage]) -> None:
             self.modify_ack_deadline(subscription, [m.ack_id for m in messages], 0)
 
-        return pull_concurrently(pull, bounds, kept, give_back).kept
+        return pull_concurrently(pull, bounds, kept, give_back)
 
     @contextmanager
     def pull_batch(self, subscription: str, bounds: PullBounds, ack_deadline_s: int = 60) -> Iterator[PulledBatch]:

@@ -7,7 +7,9 @@ requests in flight count against the bound; bytes are reserved at the average si
 messages in arrival order until a bound is reached. What a pull brings beyond the bound is handed back to the
 caller as `overflow`, to be returned to the subscription (ack deadline 0) for the next batch: nothing is dropped,
 nothing is kept twice. A subscription counts as drained only when a pull sent after an empty answer comes back
-empty too: a server starved of CPU answers a pull empty now and then while messages wait.
+empty too: a server starved of CPU answers a pull empty now and then while messages wait. A pull cut off by its
+timeout ends the pull like an empty answer but is remembered (`cut_off`): the server may have leased messages to
+it that never arrived, out of sight until their ack deadline runs out, so such a drain proves nothing.
 """
 
 from __future__ import annotations
@@ -49,11 +51,18 @@ class PullBounds:
 @dataclass
 class PullOutcome(Generic[M]):
     """`kept` messages within the bounds (arrival order), `overflow` pulled beyond them, `drained` when a pull came
-    back empty (the subscription had nothing more to deliver)."""
+    back empty (the subscription had nothing more to deliver), `cut_off` when a pull timed out instead of answering
+    (messages it was leased may wait unseen until their ack deadline: `drained` then does not mean caught up)."""
 
     kept: list[M] = field(default_factory=list)
     overflow: list[M] = field(default_factory=list)
     drained: bool = False
+    cut_off: bool = False
+
+    @property
+    def caught_up(self) -> bool:
+        """Whether the pull emptied the subscription with every answer seen."""
+        return self.drained and not self.cut_off
 
 
 class _Budget(Generic[M]):
@@ -93,10 +102,13 @@ class _Budget(Generic[M]):
             self.reserved_bytes += reserve
             return wanted, reserve, now
 
-    def settle(self, wanted: int, reserve: int, sent_at: float, pulled: list[M]) -> list[M]:
-        """Keep what fits of one pull's answer; the rest is overflow (also returned, to be handed back)."""
+    def settle(self, wanted: int, reserve: int, sent_at: float, answer: list[M] | None) -> list[M]:
+        """Keep what fits of one pull's answer (None: cut off by its timeout, counted as empty); the rest is
+        overflow (also returned, to be handed back)."""
         b = self.bounds
+        pulled = answer or []
         with self.lock:
+            self.outcome.cut_off = self.outcome.cut_off or answer is None
             self.reserved -= wanted
             self.reserved_bytes -= reserve
             if pulled:
@@ -125,14 +137,15 @@ class _Budget(Generic[M]):
 
 
 def pull_concurrently(
-    pull: Callable[[int, int], list[M]],
+    pull: Callable[[int, int], list[M] | None],
     bounds: PullBounds,
     kept: Callable[[list[M]], None] = lambda _: None,
     overflow: Callable[[list[M]], None] = lambda _: None,
 ) -> PullOutcome[M]:
     """Pull with `bounds.streams` requests in flight until a bound is reached or a pull comes back empty.
 
-    `pull(n, stage)` makes one synchronous pull of up to `n` messages (an empty list when none came); `stage` is
+    `pull(n, stage)` makes one synchronous pull of up to `n` messages (an empty list when none came, None when it
+    was cut off by its timeout); `stage` is
     `FLOWING`, `SHORT` once a pull came back short, `CONFIRMING` once one came back empty, so that the pulls near
     the end of a drain need not wait long.
     `kept` is told of messages as they are kept (under the budget's lock: e.g. to put them under lease at once),

@@ -71,9 +71,9 @@ class PeakPulls:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.now = self.peak = 0
         self.lock = threading.Lock()
-        original = PubSubClient.pull
+        original = PubSubClient.pull_answer
 
-        def counted(client: PubSubClient, *args: object, **kwargs: object) -> list[PulledMessage]:
+        def counted(client: PubSubClient, *args: object, **kwargs: object) -> list[PulledMessage] | None:
             with self.lock:
                 self.now += 1
                 self.peak = max(self.peak, self.now)
@@ -83,7 +83,7 @@ class PeakPulls:
                 with self.lock:
                     self.now -= 1
 
-        monkeypatch.setattr(PubSubClient, "pull", counted)
+        monkeypatch.setattr(PubSubClient, "pull_answer", counted)
 
 
 def test_parallel_pulls_with_redeliveries_land_exactly_once(

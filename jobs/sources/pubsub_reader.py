@@ -155,7 +155,7 @@ class PubSubReader:
         self._save_watermark(lambda watermark: watermark.observe(drained.samples, drained.tracked_through_ms))
         crash_point("watermark.before_ack")
         drainer.ack(drained)
-        self._acked_drains.append(drained.tracked_through_ms)
+        self._acked_drains.append(drained.started_ms)
 
     def _save_watermark(self, change: Callable[[PubSubWatermark], None]) -> None:
         """Apply `change` to the checkpoint's watermark (compare-and-swap), with the drains acked since the last save."""

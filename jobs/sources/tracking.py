@@ -67,16 +67,24 @@ class TrackingSample:
 
 @dataclass(frozen=True)
 class TrackingDrain:
-    """What one drain of the tracking subscription saw.
+    """What one drain of the tracking subscription, begun at `started_ms`, saw.
 
-    A drain ends only on an empty pull (caught up), so `tracked_through_ms` is the drain's start time: everything
-    published before it has been seen, as `PubSubWatermark.observe` expects. `ack_ids` acknowledge the drained
-    messages, once their samples are persisted.
+    A drain ends on an empty pull. When every pull answered (`caught_up`), everything published before the drain
+    began has been seen, so `tracked_through_ms` is `started_ms`, as `PubSubWatermark.observe` expects. A pull cut
+    off by its timeout may have been leased messages that never arrived: they stay out of sight until their ack
+    deadline runs out, so such a drain proves nothing and `tracked_through_ms` is None (the drain stays open in
+    the backlog probe and the watermark holds). `ack_ids` acknowledge the drained messages, once their samples
+    are persisted.
     """
 
     samples: list[TrackingSample]
-    tracked_through_ms: int
+    started_ms: int
+    caught_up: bool
     ack_ids: list[str]
+
+    @property
+    def tracked_through_ms(self) -> int | None:
+        return self.started_ms if self.caught_up else None
 
 
 class TrackingDrainer:
@@ -116,11 +124,12 @@ class TrackingDrainer:
 
     def drain(self, now_ms: int) -> TrackingDrain:
         """Drain the subscription (nothing is acknowledged yet); `now_ms` is the time the drain starts."""
-        pulled = self.client.pull_concurrently(
+        outcome = self.client.pull_concurrently(
             self.subscription, PullBounds(streams=self.streams), timeout_s=self.pull_timeout_s
         )
+        pulled = outcome.kept
         samples = [sample_of(m, self.timestamp_attribute) for m in pulled]
-        return TrackingDrain(samples, tracked_through_ms=now_ms, ack_ids=[m.ack_id for m in pulled])
+        return TrackingDrain(samples, now_ms, outcome.caught_up, ack_ids=[m.ack_id for m in pulled])
 
     def ack(self, drain: TrackingDrain) -> None:
         self.client.ack(self.subscription, drain.ack_ids, streams=self.streams)

@@ -21,7 +21,7 @@ Wiring, once per micro-batch of a Pub/Sub source (`onceflow.jobs.sources.trackin
     watermark.observe(drain.samples, drain.tracked_through_ms)
     checkpoint.watermark = watermark.to_state()                        # persisted, then the drain is acked
     TrackingDrainer(...).ack(drain)
-    watermark.acked(drain.tracked_through_ms)                          # saved with the next state
+    watermark.acked(drain.started_ms)                                  # saved with the next state
     ...land and ingest the batch...
     watermark.committed(zip(message_ids, publish_times_ms))            # the batch just committed
     watermark.current(now_ms)
