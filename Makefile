@@ -4,10 +4,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export ONCEFLOW_HOME ?= $(CURDIR)/.onceflow
-# Tests run two at a time, a file to a worker; on the Connect pass both workers share one warm Spark Connect server
-# (`conftest.py`), on the classic pass each holds a local driver. Much of a test's time is spent waiting on a Dagster
-# run or a server. Files go out in collection order, the longest first. WORKERS= runs them one at a time.
-WORKERS ?= -n 2 --dist loadfile --no-loadscope-reorder
+# Tests run three at a time on the Connect pass (a file to a worker; the workers share one warm Spark Connect
+# server, `conftest.py`), two at a time on the classic pass (each worker holds a local Spark driver, and each run it
+# launches starts another: three of them on two cores ran slower): much of a test's time is spent waiting on a
+# Dagster run or a server. Files go out in collection order, the longest first. WORKERS= runs them one at a time.
+WORKERS ?= -n 3 --dist loadfile --no-loadscope-reorder
+CLASSIC_WORKERS ?= $(subst -n 3,-n 2,$(WORKERS))
 
 .PHONY: setup demo demo-cluster test test-cluster test-chaos chaos dev bench lint clean
 
@@ -33,7 +35,7 @@ test: setup
 	$(BIN)/ruff check .
 	command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) || echo "no chromium: tests/test_ui.py skips (fails under CI=true)"
 	$(BIN)/pytest -m "not cluster and not chaos" $(WORKERS)
-	ONCEFLOW_TEST_ENGINE=classic $(BIN)/pytest -m "engine_paths and not cluster and not chaos" $(WORKERS)
+	ONCEFLOW_TEST_ENGINE=classic $(BIN)/pytest -m "engine_paths and not cluster and not chaos" $(CLASSIC_WORKERS)
 
 # The cluster-gcs profile (DESIGN 11): the end-to-end path on a Spark standalone cluster (a master and two workers
 # on 127.0.0.1) on both engine paths and the daemon on PostgreSQL. CI runs it after
