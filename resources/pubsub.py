@@ -30,13 +30,17 @@ from onceflow.resources.pubsub_pull import (
     pull_concurrently,
 )
 
-# The emulator answers an empty pull only shortly before the client timeout; a short timeout keeps polling quick.
-# Once a pull came back short, later ones wait less, but not much less: a pull among several in flight on a busy
-# machine can be slow to answer, and one cut off by its timeout strands what it was given until the ack deadline.
-# The pull that confirms an empty answer waits 1 s: the emulator answers it at once.
+# Google Cloud Pub/Sub long-polls: an empty pull waits up to its timeout, so a short one keeps polling quick. Once
+# a pull came back short, later ones wait less, but not much less: a pull among several in flight on a busy machine
+# can be slow to answer, and one cut off by its timeout strands what it was given until the ack deadline.
 EMPTY_PULL_TIMEOUT_S = 2.0
 DRAINED_PULL_TIMEOUT_S = 1.5
 CONFIRM_PULL_TIMEOUT_S = 1.0
+# The emulator holds an empty pull until about a second before its timeout, and on a loaded machine lets it run
+# out: a timed-out pull that held nothing could not be told from one cut off with messages. Asked to answer at
+# once (`return_immediately`, deprecated on Google Cloud, honoured by the emulator) it answers an empty pull in
+# milliseconds, so there every pull gets a long timeout, and one that runs out means the emulator really stalled.
+EMULATOR_PULL_TIMEOUT_S = 10.0
 ACK_CHUNK = 1000  # ack ids per acknowledge / modify-ack-deadline request
 
 
@@ -56,9 +60,11 @@ class PulledMessage:
 
 @dataclass
 class PulledBatch:
-    """Messages pulled and held under lease: not acked until `PubSubClient.ack` is called."""
+    """Messages pulled and held under lease: not acked until `PubSubClient.ack` is called. `caught_up`: the pull
+    emptied the subscription with every answer seen (`PullOutcome.caught_up`)."""
 
     messages: list[PulledMessage] = field(default_factory=list)
+    caught_up: bool = False
 
     @property
     def ack_ids(self) -> list[str]:
@@ -109,13 +115,14 @@ class PubSubClient:
 
     def pull_answer(self, subscription: str, max_messages: int, timeout_s: float) -> list[PulledMessage] | None:
         """One synchronous pull; None when it was cut off by its timeout (the server may have leased messages to
-        it that never arrived: they come back once their ack deadline runs out)."""
+        it that never arrived: they come back once their ack deadline runs out). The emulator answers at once, with
+        `EMULATOR_PULL_TIMEOUT_S` as the timeout."""
+        request = {"subscription": self.subscription_path(subscription), "max_messages": max_messages}
+        if self.emulated:
+            request["return_immediately"] = True
+            timeout_s = EMULATOR_PULL_TIMEOUT_S
         try:
-            response = self.subscriber.pull(
-                request={"subscription": self.subscription_path(subscription), "max_messages": max_messages},
-                timeout=timeout_s,
-                retry=None,
-            )
+            response = self.subscriber.pull(request=request, timeout=timeout_s, retry=None)
         except gexc.DeadlineExceeded:
             return None
         # The plain protobuf, not the proto-plus wrapper: its per-field conversions cost more than the pull itself.
@@ -159,9 +166,11 @@ class PubSubClient:
         return pull_concurrently(pull, bounds, kept, give_back)
 
     @contextmanager
-    def pull_batch(self, subscription: str, bounds: PullBounds, ack_deadline_s: int = 60) -> Iterator[PulledBatch]:
+    def pull_batch(
+        self, subscription: str, bounds: PullBounds, ack_deadline_s: int = 60, timeout_s: float = EMPTY_PULL_TIMEOUT_S
+    ) -> Iterator[PulledBatch]:
         """Pull until a bound of `bounds` is reached or the subscription is drained, holding a lease on what was
-        kept.
+        kept (`pull_concurrently`; the batch says whether it `caught_up`).
 
         The lease extends each held message's ack deadline every half deadline until the block exits, so a slow
         persist does not let the messages be redelivered while they are being written.
@@ -183,7 +192,7 @@ class PubSubClient:
         lease = threading.Thread(target=extend, name=f"lease-{subscription}", daemon=True)
         lease.start()
         try:
-            self.pull_concurrently(subscription, bounds, hold)
+            batch.caught_up = self.pull_concurrently(subscription, bounds, hold, timeout_s).caught_up
             yield batch
         finally:
             stop.set()

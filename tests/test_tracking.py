@@ -107,7 +107,9 @@ def publish_many(client: PubSubClient, topic: str, messages: list[tuple[bytes, d
 
 def test_one_drain_takes_a_backlog_past_the_old_cap(pubsub_emulator: PubSubEmulator) -> None:
     # The old drain stopped at 100,000 messages and could not say it had caught up: on a topic busier than that per
-    # batch the watermark could never pass what it had not seen. Now one drain takes the whole backlog.
+    # batch the watermark could never pass what it had not seen. Now one drain takes the whole backlog, under a
+    # lease: on a loaded machine it outlasts the 10 s ack deadline, and without one it would be shown its first
+    # messages again and again.
     client = PubSubClient(new_project())
     ack_deadline_s = 10
     client.ensure_subscriptions(TOPIC, [TRACKING], ack_deadline_s)
@@ -151,7 +153,7 @@ def test_a_drain_with_a_pull_cut_off_proves_nothing_and_holds_the_watermark(pubs
     client = make_client(ack_deadline_s)
     client.publish(TOPIC, [(b"{}", {"event_id": "e0", "event_time": str(START_MS)})])
     band = 60_000
-    watermark = PubSubWatermark(EmulatorBacklogProbe(), band_ms=band, idle_timeout_ms=band)
+    watermark = PubSubWatermark(EmulatorBacklogProbe(), band_ms=band, idle_timeout_ms=band, bucket_ms=1)
     now_ms = int(time.time() * 1000)
     watermark.drain_begun(now_ms)
     drainer = TrackingDrainer(client, TRACKING, "event_time")

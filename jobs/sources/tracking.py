@@ -88,15 +88,16 @@ class TrackingDrain:
 
 
 class TrackingDrainer:
-    """Drains a tracking subscription with `streams` short synchronous pulls in flight; `ack` acknowledges a
-    drain's messages.
+    """Drains a tracking subscription with `streams` short synchronous pulls in flight, holding a lease on what it
+    pulled (`ack_deadline_s`, the subscription's); `ack` acknowledges a drain's messages.
 
     A drain pulls until a pull comes back empty, however many messages that takes: a drain cut short at a message
     budget could not say it was caught up, and a topic busier than the budget per batch would hold the watermark
     back for ever. The caller persists the samples, then acks: a sample acked but never saved (a run killed in
     between) would leave the emulator's backlog estimate without a message still waiting in the base
     subscription, and the watermark could pass it. A drain redelivered after a crash is observed again, which
-    only holds the watermark back.
+    only holds the watermark back. The lease matters on a big backlog: a drain longer than the ack deadline would
+    otherwise be shown its first messages again, and again, and never come to an empty pull.
 
     On the emulator an empty pull means the subscription is empty. Google Cloud Pub/Sub may answer a pull with no
     messages while some are waiting, so there `tracked_through_ms` is itself an estimate.
@@ -109,27 +110,30 @@ class TrackingDrainer:
         timestamp_attribute: str | None,
         *,
         streams: int = 1,
+        ack_deadline_s: int = 60,
         pull_timeout_s: float = DRAINED_PULL_TIMEOUT_S,
     ) -> None:
         self.client = client
         self.subscription = subscription
         self.timestamp_attribute = timestamp_attribute
         self.streams = streams
+        self.ack_deadline_s = ack_deadline_s
         self.pull_timeout_s = pull_timeout_s
 
     @classmethod
     def for_source(cls, client: PubSubClient, spec: PubSubSource) -> TrackingDrainer:
         """The drainer of a declared Pub/Sub source's tracking subscription."""
-        return cls(client, spec.tracking, spec.timestamp_attribute, streams=spec.pull_streams or 1)
+        return cls(
+            client, spec.tracking, spec.timestamp_attribute, streams=spec.pull_streams or 1,
+            ack_deadline_s=spec.ack_deadline_s or 60,
+        )
 
     def drain(self, now_ms: int) -> TrackingDrain:
         """Drain the subscription (nothing is acknowledged yet); `now_ms` is the time the drain starts."""
-        outcome = self.client.pull_concurrently(
-            self.subscription, PullBounds(streams=self.streams), timeout_s=self.pull_timeout_s
-        )
-        pulled = outcome.kept
-        samples = [sample_of(m, self.timestamp_attribute) for m in pulled]
-        return TrackingDrain(samples, now_ms, outcome.caught_up, ack_ids=[m.ack_id for m in pulled])
+        bounds = PullBounds(streams=self.streams)
+        with self.client.pull_batch(self.subscription, bounds, self.ack_deadline_s, self.pull_timeout_s) as batch:
+            samples = [sample_of(m, self.timestamp_attribute) for m in batch.messages]
+        return TrackingDrain(samples, now_ms, batch.caught_up, ack_ids=batch.ack_ids)
 
     def ack(self, drain: TrackingDrain) -> None:
         self.client.ack(self.subscription, drain.ack_ids, streams=self.streams)
