@@ -108,14 +108,14 @@ def publish_many(client: PubSubClient, topic: str, messages: list[tuple[bytes, d
 def test_one_drain_takes_a_backlog_past_the_old_cap(pubsub_emulator: PubSubEmulator) -> None:
     # The old drain stopped at 100,000 messages and could not say it had caught up: on a topic busier than that per
     # batch the watermark could never pass what it had not seen. Now one drain takes the whole backlog, under a
-    # lease: on a loaded machine it outlasts the 10 s ack deadline, and without one it would be shown its first
+    # lease: on a loaded machine it outlasts the 20 s ack deadline, and without one it would be shown its first
     # messages again and again.
     client = PubSubClient(new_project())
-    ack_deadline_s = 10
+    ack_deadline_s = 20
     client.ensure_subscriptions(TOPIC, [TRACKING], ack_deadline_s)
     count = 100_250
     ids = publish_many(client, TOPIC, [(b"", {"event_time": str(START_MS + i)}) for i in range(count)])
-    drainer = TrackingDrainer.for_source(client, events_pipeline().source)  # type: ignore[arg-type]
+    drainer = TrackingDrainer(client, TRACKING, "event_time", ack_deadline_s=ack_deadline_s)
 
     drains = [drainer.drain(START_MS + count)]
     while not drains[-1].caught_up and len(drains) < 4:
