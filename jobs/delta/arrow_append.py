@@ -1,5 +1,6 @@
-"""An append of rows the driver holds (an Arrow table) as one idempotent transaction, committed by delta-rs: no
-Spark job. For small sets of rows that are on the driver anyway, such as a batch's dead letters."""
+"""An append of rows this process holds (an Arrow table) as one idempotent transaction, written and committed by
+delta-rs: no Spark job. For a batch's dead letters (on the driver anyway), and for a batch's rows over Spark Connect
+(`onceflow.jobs.delta.transactions.append_once`), where a Spark write would cost a Delta commit of its own first."""
 
 from __future__ import annotations
 
@@ -11,11 +12,23 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from onceflow.jobs.delta.commit_log import holds_batch
 
+ARROW_UNWRITABLE = frozenset({"variantType", "variantType-preview"})
+"""Table features whose columns delta-rs cannot write: such a table's rows are written by Delta's writer."""
 
-def append_arrow_once(table: DeltaTable, rows: pa.Table, app_id: str, version: int, metadata: dict[str, Any]) -> bool:
+
+def arrow_writable(table: DeltaTable) -> bool:
+    """Whether delta-rs writes every column of `table` (no VARIANT among them)."""
+    return not ARROW_UNWRITABLE & set(table.protocol().writer_features or ())
+
+
+def append_arrow_once(
+    table: DeltaTable, rows: pa.Table, app_id: str, version: int, metadata: dict[str, Any], rebase: bool = False
+) -> bool:
     """Append `rows` to `table` as the transaction `(app_id, version)`, on the very table version `table` was loaded
     at: any commit since, whatever its app id, makes it fail (`CommitFailedError`), never a rebase (the rows were
-    decided against that version). False (nothing written) when the table has committed the transaction already.
+    decided against that version); with `rebase`, a commit since is rebased over unless it conflicts (it holds the
+    same transaction, or redefined the table). False (nothing written) when the table has committed the
+    transaction already.
 
     The commit carries `metadata` as its user metadata, and delta-rs's metrics (`num_added_rows`; see
     `onceflow.jobs.delta.commit_log.rows_appended`): a replay reports the figures of the commit that did the work.
@@ -28,7 +41,7 @@ def append_arrow_once(table: DeltaTable, rows: pa.Table, app_id: str, version: i
         commit_properties=CommitProperties(
             custom_metadata={"userMetadata": json.dumps(metadata, sort_keys=True)},
             app_transactions=[Transaction(app_id, version)],
-            max_commit_retries=0,
+            max_commit_retries=None if rebase else 0,
         ),
     )
     return True
