@@ -32,6 +32,7 @@ from onceflow.jobs.sources.reader import open_source
 from onceflow.orchestration.checkout import PROJECT_ROOT
 from onceflow.orchestration.deployments import resources_for
 from onceflow.orchestration.pipelines import load_pipelines
+from onceflow.orchestration.warm_up import warm_engine
 from onceflow.resources.emulators.bigquery import (
     BigQueryEmulator,
     BigQueryEmulatorUnavailable,
@@ -91,6 +92,7 @@ class LocalStack:
         port = self.engines[0].port
         self.engines[0].stop()
         self.engines[0] = start_engine(load_settings(), port=port)  # on the stack's master, cluster or local
+        warm_engine(self.engines[0].url, load_settings().spark_master)
 
     def daemon_log(self, chars: int = 3000) -> str:
         return (self.workdir / "daemon.log").read_text(errors="replace")[-chars:]
@@ -169,6 +171,9 @@ def local_stack(
             engines.append(start_engine(load_settings()))
             spark_remote = engines[0].url
             stops.append(lambda: engines[0].stop())
+            warmed = warm_engine(spark_remote, load_settings().spark_master)
+            if warmed is not None:
+                say(f"the Spark engine ran its warm-up batches in {warmed:.1f} s")
             # Released while its engine is up: at exit, a client whose server is gone retries for ten minutes.
             stops.append(build_spark_session(remote=spark_remote).stop)
         if spark_remote is not None:

@@ -69,8 +69,7 @@ def start_spark_connect_server(
     log_path = Path(tempfile.mkdtemp(prefix="onceflow-spark-connect-")) / "server.log"
     # The whole engine on this machine: its driver binds to loopback too. A remote cluster's executors must reach
     # the driver, so there the machine's address (or the user's SPARK_LOCAL_IP) stays.
-    on_this_machine = master.startswith("local") or "//127.0.0.1:" in master
-    env = spark_env(local_ip="127.0.0.1" if on_this_machine else None)
+    env = spark_env(local_ip="127.0.0.1" if on_this_machine(master) else None)
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     server = SparkConnectServer(process, port, log_path)
@@ -85,6 +84,11 @@ def start_spark_connect_server(
             time.sleep(0.5)
     server.stop()
     raise RuntimeError(f"Spark Connect server did not listen on port {port} within {timeout_s:.0f}s")
+
+
+def on_this_machine(master: str) -> bool:
+    """Whether a Spark `master` runs its executors on this machine (local, or a cluster on loopback)."""
+    return master.startswith("local") or "//127.0.0.1:" in master
 
 
 def start_engine(settings: Settings, master: str | None = None, port: int | None = None) -> SparkConnectServer:

@@ -92,8 +92,9 @@ def test_files_land_exactly_once_with_dead_letters(spark: SparkSession, incoming
     assert sum(r.duplicates for r in results) == 10 and all(r.balances() for r in results)
     # Values unique to a record are stored plain: a Parquet dictionary of them only costs (onceflow.resources.spark).
     footer = pq.ParquetFile(next(Path(source.raw_path).rglob("*.parquet"))).metadata.row_group(0)
-    dictionary = {footer.column(i).path_in_schema: "PLAIN_DICTIONARY" in footer.column(i).encodings
-                  for i in range(footer.num_columns)}
+    # (Spark's writer names a dictionary's encoding PLAIN_DICTIONARY, delta-rs's RLE_DICTIONARY.)
+    dictionary = {footer.column(i).path_in_schema: bool({"PLAIN_DICTIONARY", "RLE_DICTIONARY"} & set(
+        footer.column(i).encodings)) for i in range(footer.num_columns)}
     assert [dictionary[c] for c in ("record_id", "payload", "source_position", "key")] == [False, False, False, True]
     # Nothing new: no batch, and the files are not read twice.
     assert run_micro_batch(lambda: spark, source) is None

@@ -8,9 +8,17 @@ import json
 from typing import Any
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import (
+    ColumnProperties,
+    CommitProperties,
+    DeltaTable,
+    Transaction,
+    WriterProperties,
+    write_deltalake,
+)
 
 from onceflow.jobs.delta.commit_log import holds_batch
+from onceflow.resources.spark import PER_RECORD_COLUMNS
 
 ARROW_UNWRITABLE = frozenset({"variantType", "variantType-preview"})
 """Table features whose columns delta-rs cannot write: such a table's rows are written by Delta's writer."""
@@ -36,8 +44,11 @@ def append_arrow_once(
     if holds_batch(table.table_uri, app_id, version):
         return False
     schema = pa.schema(table.schema().to_arrow())
+    # As Spark writes them (`onceflow.resources.spark.PARQUET_CONF`): no dictionary of a value unique to a record.
+    plain = {name: ColumnProperties(dictionary_enabled=False) for name in PER_RECORD_COLUMNS if name in schema.names}
     write_deltalake(
         table, rows.select(schema.names).cast(schema), mode="append",
+        writer_properties=WriterProperties(compression="SNAPPY", column_properties=plain),
         commit_properties=CommitProperties(
             custom_metadata={"userMetadata": json.dumps(metadata, sort_keys=True)},
             app_transactions=[Transaction(app_id, version)],

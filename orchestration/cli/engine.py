@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from onceflow.orchestration.warm_up import warm_engine
 from onceflow.resources.settings import load_settings
 from onceflow.resources.spark_cluster import start_spark_cluster
 from onceflow.resources.spark_connect import SparkConnectServer, start_engine
@@ -35,6 +36,9 @@ def running_engine(
         say(f"starting the Spark engine on {master or load_settings().spark_master}")
         server = start_engine(load_settings(), master)
         stops.append(server.stop)
+        warmed = warm_engine(server.url, master or load_settings().spark_master)
+        say("the engine's executors run elsewhere: no warm-up batches" if warmed is None else
+            f"the engine ran its warm-up batches in {warmed:.1f} s")
         yield server
     finally:
         for stop in reversed(stops):
