@@ -6,6 +6,7 @@ with delta-rs; each file's statistics are checked against the rows it really hol
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ from deltalake.exceptions import CommitFailedError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
+from onceflow.jobs.delta.schema_evolution import TableSchemaError
 from onceflow.jobs.delta.staging import remove_abandoned_staging
 from onceflow.jobs.delta.transactions import append_once, create_table_once, table_properties
 from onceflow.orchestration.cli.main import PROJECT_ROOT
@@ -60,6 +62,32 @@ def table(tmp_path: Path) -> str:
 def frame(spark: SparkSession, written: list[tuple]) -> DataFrame:
     """`written` (rows of `PLAIN`) with an object in the VARIANT column."""
     return spark.createDataFrame(written, PLAIN).selectExpr("*", "parse_json('{\"a\": 1}') AS doc")
+
+
+def test_rows_held_as_arrow_append_only_with_exactly_the_tables_columns_and_types(
+    spark: SparkSession, tmp_path: Path, table: str
+) -> None:
+    """A batch whose rows came to the driver whole (`rows_to_driver`) appends them as Arrow, on either engine path:
+    only with the table's own columns and types, as Spark's types read back from Arrow's; never to a VARIANT
+    table, which delta-rs cannot write."""
+    plain = make_table(tmp_path / "plain", PLAIN)
+    held = spark.createDataFrame(rows(1, 6), PLAIN).toArrow()
+    retyped = held.set_column(2, "amount", held["amount"].cast(pa.decimal128(14, 2)))
+    for wrong, named in ((retyped, "amount (decimal(14,2) in the rows, decimal(12,2) in the table)"),
+                         (held.drop_columns(["note"]), "note (absent in the rows, string in the table)"),
+                         (held.append_column("extra", pa.array([1] * 6)), "extra (bigint in the rows, absent")):
+        with pytest.raises(TableSchemaError, match=re.escape(named)):
+            append_once(wrong, plain, "p/raw", 1, {"batch": 1}, read_version=0)
+    with pytest.raises(TableSchemaError, match="VARIANT"):
+        append_once(held, table, "p/raw", 1, {"batch": 1})
+    assert DeltaTable(plain).version() == 0 and DeltaTable(table).to_pyarrow_table().num_rows == 0
+    # Columns in another order are the table's columns: they land in the table's order.
+    assert append_once(held.select(PLAIN.names[::-1]), plain, "p/raw", 1, {"batch": 1}, read_version=0)
+    assert not append_once(held, plain, "p/raw", 1, {"batch": 1}, read_version=0)  # a replay
+    delta = DeltaTable(plain)
+    assert (delta.version(), delta.transaction_version("p/raw")) == (1, 1)
+    assert sorted(delta.to_pyarrow_table().to_pylist(), key=lambda r: r["record_id"]) == sorted(
+        (dict(zip(PLAIN.names, r, strict=True)) for r in rows(1, 6)), key=lambda r: r["record_id"])
 
 
 def test_a_connect_append_has_delta_rs_write_and_commit_the_rows(spark: SparkSession, tmp_path: Path) -> None:

@@ -198,6 +198,17 @@ def type_ddl(data_type: T.DataType, *, for_reader: bool = True) -> str:
     return data_type.simpleString().upper()
 
 
+def has_variant(data_type: T.DataType) -> bool:
+    """Whether `data_type` is or holds (at any depth) a VARIANT."""
+    if isinstance(data_type, T.ArrayType):
+        return has_variant(data_type.elementType)
+    if isinstance(data_type, T.MapType):
+        return has_variant(data_type.valueType)
+    if isinstance(data_type, T.StructType):
+        return any(has_variant(f.dataType) for f in data_type.fields)
+    return isinstance(data_type, T.VariantType)
+
+
 def quoted(name: str) -> str:
     """`name` as a SQL identifier, however it is spelled (a field name may hold dots or spaces, never "`")."""
     return f"`{name}`"

@@ -1,7 +1,8 @@
 """Which record of a batch is kept for each record ID: the first in landing order (its `ordinal`).
 
 A batch's valid records are deduplicated on the driver from a few of their columns (`first_ids`) and the rest
-dropped in Spark by ordinal (`without_ordinals`); its dead letters alike (`onceflow.jobs.ingest.dead_letters`).
+dropped by ordinal (`without_ordinals`), in Spark or, where the batch's rows came to the driver whole, there; its
+dead letters alike (`onceflow.jobs.ingest.dead_letters`).
 """
 
 from __future__ import annotations
@@ -21,12 +22,16 @@ def first_ids(valid: pa.Table) -> tuple[pa.Table, np.ndarray]:
     return rows.filter(kept), rows["ordinal"].filter(pc.invert(kept)).to_numpy()
 
 
-def without_ordinals(rows: DataFrame, ordinals: np.ndarray) -> DataFrame:
+def without_ordinals(rows: DataFrame | pa.Table, ordinals: np.ndarray) -> DataFrame | pa.Table:
     """`rows` without those at `ordinals`, and without the ordinal column.
 
-    The ordinals go to Spark as one binary literal, sorted, that `onceflow_not_among` (registered by
+    Rows held as Arrow are filtered here. For a DataFrame, the ordinals go to Spark as one binary literal, sorted, that `onceflow_not_among` (registered by
     `onceflow.resources.spark_functions`) searches for each row: no table of them to build and broadcast first.
     """
+    if isinstance(rows, pa.Table):
+        if len(ordinals):
+            rows = rows.filter(pc.invert(pc.is_in(rows["ordinal"], value_set=pa.array(ordinals, pa.int64()))))
+        return rows.drop_columns(["ordinal"])
     if len(ordinals):
         members = np.unique(ordinals.astype(np.int64)).astype(">i8").tobytes()
         rows = rows.filter(F.call_function("onceflow_not_among", F.lit(bytearray(members)), F.col("ordinal")))

@@ -24,10 +24,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
+import pyarrow as pa
 from deltalake import Field
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from pyspark.sql import DataFrame
 from pyspark.sql import types as T
+from pyspark.sql.pandas.types import from_arrow_schema
 
 from onceflow.jobs.declare.declaration import DeclarationError, Pipeline, WindowedOutput
 from onceflow.jobs.declare.schema import quoted, type_ddl
@@ -145,14 +147,25 @@ def _evolve(path: str, wanted: T.StructType, strict: bool, refuse: Callable[[lis
 def conform(df: DataFrame, table: T.StructType, path: str) -> DataFrame:
     """`df` with the table's columns in the table's order; `TableSchemaError` unless `df` has exactly the table's
     columns with the table's types (nullability aside: the writer enforces the table's NOT NULL columns)."""
-    have = {f.name: f.dataType.simpleString() for f in df.schema}
+    _same_columns(df.schema, table, path)
+    return df.select(*(quoted(f.name) for f in table))
+
+
+def conform_arrow(rows: pa.Table, table: T.StructType, path: str) -> pa.Table:
+    """`conform` for rows held as Arrow (as Spark's `toArrow` gives them): their Spark types are read back from their
+    Arrow types, so the same rows pass or fail as the DataFrame they came from would."""
+    _same_columns(from_arrow_schema(rows.schema), table, path)
+    return rows.select([f.name for f in table])
+
+
+def _same_columns(rows: T.StructType, table: T.StructType, path: str) -> None:
+    have = {f.name: f.dataType.simpleString() for f in rows}
     held = {f.name: f.dataType.simpleString() for f in table}
     if have != held:
         differing = sorted(name for name in have.keys() | held.keys() if have.get(name) != held.get(name))
         detail = ", ".join(f"{n} ({have.get(n, 'absent')} in the rows, {held.get(n, 'absent')} in the table)"
                            for n in differing)
         raise TableSchemaError(f"{path}: the rows to append do not have the table's schema: {detail}; nothing written")
-    return df.select(*(quoted(f.name) for f in table))
 
 
 @lru_cache(maxsize=256)

@@ -21,6 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
+import pyarrow as pa
 from deltalake import DeltaTable, Schema
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import AddAction, CommitProperties, Transaction
@@ -29,7 +30,7 @@ from pyspark.sql import types as T
 
 from onceflow.jobs.delta.arrow_append import append_arrow_once, arrow_writable
 from onceflow.jobs.delta.commit_log import holds_batch
-from onceflow.jobs.delta.schema_evolution import conform
+from onceflow.jobs.delta.schema_evolution import TableSchemaError, conform, conform_arrow
 from onceflow.jobs.delta.staging import write_staged
 from onceflow.jobs.delta.table_features import complete_protocol
 from onceflow.resources.delta_storage import storage_options, table_snapshot
@@ -125,11 +126,12 @@ def begin_append(spark: SparkSession, path: str, prepare: Callable[[], None] | N
 
 
 def append_once(
-    df: DataFrame, path: str, app_id: str, version: int, metadata: dict[str, Any], begun: Future | None = None,
+    df: DataFrame | pa.Table, path: str, app_id: str, version: int, metadata: dict[str, Any], begun: Future | None = None,
     read_version: int | None = None,
 ) -> bool:
-    """Append `df` to the Delta table at `path` as the transaction `(app_id, version)`; False (nothing written) when
-    the table has committed that transaction already. `begun` is the table's `begin_append`, if started.
+    """Append `df` (a DataFrame, or rows this process holds as Arrow) to the Delta table at `path` as the
+    transaction `(app_id, version)`; False (nothing written) when the table has committed that transaction already.
+    `begun` is the table's `begin_append`, if started.
 
     `read_version`: the table version the rows were found new against. The commit is then made on that version
     and fails (`CommitFailedError`) if any writer, whatever its app id, committed since: a blind append rebased
@@ -145,7 +147,8 @@ def append_once(
     commits them the same way (`onceflow.jobs.delta.arrow_append`): a Spark write would first commit to a table of
     its own, which cost a new process seconds and every later batch a fifth of a second more. A table with
     columns delta-rs cannot write (VARIANT) has Delta's writer write the files as a staging table inside the table,
-    and delta-rs commits them (`onceflow.jobs.delta.staging.write_staged`). (Delta's own `txnAppId` append is blind
+    and delta-rs commits them (`onceflow.jobs.delta.staging.write_staged`). Rows held as Arrow (a batch whose rows
+    came to the driver whole) are conformed here and written by delta-rs on either kind of session. (Delta's own `txnAppId` append is blind
     to `read_version`, and an insert-only MERGE that conflicts with every commit since cost about twice as much.)
     """
     if holds_batch(path, app_id, version):
@@ -153,12 +156,16 @@ def append_once(
     text = json.dumps(metadata, sort_keys=True)
     if hasattr(df, "_jdf"):
         written_for, adds = _write_files(df, path, begun)
-    else:  # a Spark Connect DataFrame: its client cannot reach Delta's writer
+    else:  # rows held here, or a Spark Connect DataFrame: its client cannot reach Delta's writer
         written_for = latest_version(path) if read_version is None else read_version
         written = _table(path, version=written_for)
         if arrow_writable(written):
-            rows = conform(df, _spark_schema(written), path).toArrow()
+            rows = (conform_arrow(df, _spark_schema(written), path) if isinstance(df, pa.Table)
+                    else conform(df, _spark_schema(written), path).toArrow())
             return append_arrow_once(written, rows, app_id, version, metadata, rebase=read_version is None)
+        if isinstance(df, pa.Table):
+            raise TableSchemaError(f"{path}: the table has columns delta-rs cannot write (VARIANT), so its rows must "
+                                   "come as a DataFrame; nothing written")
         adds = write_staged(df, written, _definition(written))
     table = _table(path, version=read_version)
     if holds_batch(path, app_id, version):
@@ -186,15 +193,18 @@ def append_once(
 def warm_writer(spark: SparkSession, path: str) -> None:
     """Have Delta's writer write no rows to the table at `path` as `append_once` would, committing nothing: a new
     process's first append is then seconds faster (its staging table made, Delta's writer and the table's log loaded
-    in its session). Nothing to do where the table does not exist yet, or where delta-rs writes its appends."""
+    in its session). Nothing to do where the table does not exist yet, or where delta-rs writes its appends (every
+    table without VARIANT: `onceflow.jobs.ingest.batch_ingest.rows_to_driver`)."""
     try:
         table = _table(path)
     except TableNotFoundError:
         return
+    if arrow_writable(table):
+        return
     empty = spark.createDataFrame([], _spark_schema(table))
     if hasattr(empty, "_jdf"):
         _write_files(empty, path, None)
-    elif not arrow_writable(table):
+    else:
         write_staged(empty, table, _definition(table))
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
 from onceflow.jobs.delta.commit_log import committed_metrics, holds_batch, rows_appended
@@ -55,7 +56,7 @@ def merge_once(
 
 
 def append_new(
-    spark: SparkSession, source: SourceRuntime, plan: BatchPlan, rows: DataFrame, count: int, metadata: dict,
+    spark: SparkSession, source: SourceRuntime, plan: BatchPlan, rows: DataFrame | pa.Table, count: int, metadata: dict,
     begun: Future | None,
 ) -> Written:
     """Append `count` rows no dedup applies to (at-least-once), as the transaction `(app id, batch)`."""

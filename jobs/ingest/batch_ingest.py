@@ -1,8 +1,9 @@
 """Ingest: exactly-once from a landed batch into the raw Delta table, which is the dedup catalog.
 
 Per batch: validate every record against the pipeline's record contract (`onceflow.jobs.ingest.validation`; bad ones become
-dead-letter rows with a reason) in one Spark action that caches the batch, and drop duplicates inside the batch
-(decided on the driver from a few of its columns). Then, with the ID filters (`onceflow.jobs.dedup.id_filters`, the fast path),
+dead-letter rows with a reason) in one Spark action, and drop duplicates inside the batch (decided on the driver
+from a few of its columns). That action brings the batch's rows to the driver whole, for delta-rs to write them
+(`rows_to_driver`), or else caches the batch for Spark to write or MERGE its rows. Then, with the ID filters (`onceflow.jobs.dedup.id_filters`, the fast path),
 look up only the IDs they cannot rule out and append the rest (`onceflow.jobs.delta.transactions.append_once`); without them,
 `MERGE INTO raw ... ON record_id ... WHEN NOT MATCHED THEN INSERT` with a partition predicate that bounds the
 lookup to the dedup horizon. Dead letters are appended to the dead-letter table unless it holds their record ID
@@ -26,12 +27,18 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 
 from onceflow.jobs.declare.record_contract import RecordContract
-from onceflow.jobs.declare.schema import quoted
+from onceflow.jobs.declare.schema import has_variant, quoted
 from onceflow.jobs.dedup.filter_store import IdFilterStore
 from onceflow.jobs.dedup.first_records import first_ids, without_ordinals
 from onceflow.jobs.dedup.id_filters import Fingerprints, IdFilters, id_hashes
 from onceflow.jobs.delta.commit_log import ATTEMPT_KEY, own_commit_version
-from onceflow.jobs.delta.raw_table import BUCKET_MS, DEAD_LETTER_SCHEMA, bucket_of, ensure_raw_table
+from onceflow.jobs.delta.raw_table import (
+    BUCKET_MS,
+    DEAD_LETTER_SCHEMA,
+    bucket_of,
+    ensure_raw_table,
+    raw_schema,
+)
 from onceflow.jobs.delta.transactions import (
     append_once,
     begin_append,
@@ -64,13 +71,13 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
     # The landing's own count (an independent fact) is read beside the batch's first Spark job: from a Kafka source
     # it is a second read of every record.
     counted = _counter.submit(source.reader.landed_count, plan)
+    pipeline = source.pipeline
+    rows_here = rows_to_driver(source)
     # Made (on a first batch) and the append's transaction begun beside the batch's first Spark job.
-    begun = begin_append(spark, source.raw_path, lambda: ensure_tables(source))
+    begun = None if rows_here else begin_append(spark, source.raw_path, lambda: ensure_tables(source))
     if begun is None:
         ensure_tables(source)
-    pipeline = source.pipeline
     result = IngestResult(batch_id=plan.batch_id)
-    ingested_at = "timestamp_millis(_ingested_ms) AS ingested_at"
     # The plan travels in the commit: a checkpoint restored from an old copy loses plans, the lake keeps them.
     # The attempt's id tells which of two concurrent attempts at the batch made the commit that holds it.
     metadata = {"onceflow_source": source.app_id, "onceflow_batch": plan.batch_id, PLAN_KEY: plan.to_dict(),
@@ -82,15 +89,18 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
     classified = checked.selectExpr(
         *(quoted(name) for name in checked.columns if name not in ("data", "attributes")),
         f"{bucket_of('event_time')} AS time_bucket",
-        # The record's bytes are kept only where a dead letter needs them (text that is not UTF-8): half the cache.
+        # The record's bytes are kept only where a dead letter needs them (text that is not UTF-8).
         "CASE WHEN reason IS NOT NULL THEN coalesce(payload, base64(data)) END AS raw",
-    ).cache()
+    )
+    raw_columns = (
+        "record_id", "event_time", *(quoted(f.name) for f in contract.schema), "payload", "source_position",
+        "publish_time", "batch_id", "timestamp_millis(_ingested_ms) AS ingested_at", "time_bucket",
+        *(quoted(f.name) for f in pipeline.source.bookkeeping), "ordinal",
+    )
+    if not rows_here:
+        classified = classified.cache()
     try:
-        # One Spark action reads, validates and caches the batch; what the counts need comes back in a few columns,
-        # and the dead letters whole.
-        slim = classified.selectExpr(
-            "reason", "record_id", "ordinal", "unix_millis(event_time) AS t", "time_bucket", *DEAD_LETTER_COLUMNS
-        ).toArrow()
+        slim, valid = _read(classified, raw_columns, rows_here, counted)
         if begun is not None:
             begun.result()  # the tables exist from here on
         result.landed = counted.result()  # before anything commits: a landing that cannot be counted stops the batch
@@ -102,14 +112,10 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
             result.dead_lettered_new = written.inserted
         # Dead letters commit first, raw last: a batch is committed once raw holds it (`micro_batch.lake_batch`).
         crash_point("ingest.after_dead_letters")
-        valid = classified.filter("reason IS NULL").selectExpr(
-            "record_id", "event_time", *(quoted(f.name) for f in contract.schema), "payload", "source_position",
-            "publish_time", "batch_id", ingested_at, "time_bucket",
-            *(quoted(f.name) for f in pipeline.source.bookkeeping), "ordinal",
-        )
         valid_count = result.received - result.dead_lettered_total
         if pipeline.delivery == "at_least_once":
-            written = append_new(spark, source, plan, valid.drop("ordinal"), valid_count, metadata, begun)
+            rows = without_ordinals(valid, np.array([], np.int64))
+            written = append_new(spark, source, plan, rows, valid_count, metadata, begun)
             result.raw_version = latest_version(source.raw_path)
             result.replayed, result.lost_race, result.inserted = written.replayed, written.lost_race, written.inserted
             return result
@@ -129,7 +135,42 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
         result.duplicates_committed = unique_count - written.inserted
         return result
     finally:
-        classified.unpersist()
+        if not rows_here:
+            classified.unpersist()
+
+
+def _read(
+    classified: DataFrame, raw_columns: tuple[str, ...], rows_here: bool, counted: Future
+) -> tuple[pa.Table, DataFrame | pa.Table]:
+    """The batch's one Spark action, which reads and validates it: its driver-side columns (`reason, record_id,
+    ordinal, t, time_bucket` and the dead letters' columns), and its valid records' `raw_columns`. Either every
+    column comes to the driver, where the rows are decided and delta-rs writes them (`rows_here`), or the batch is
+    cached and the valid records stay a DataFrame over it."""
+    try:
+        if rows_here:
+            slim = classified.selectExpr("reason", "unix_millis(event_time) AS t", "raw", "detail",
+                                         *raw_columns).toArrow()
+            return slim, slim.filter(pc.is_null(slim["reason"])).drop_columns(["reason", "t", "raw", "detail"])
+        slim = classified.selectExpr(
+            "reason", "record_id", "ordinal", "unix_millis(event_time) AS t", "time_bucket", *DEAD_LETTER_COLUMNS
+        ).toArrow()
+        return slim, classified.filter("reason IS NULL").selectExpr(*raw_columns)
+    except Exception:
+        counted.result()  # a landing that changed under Spark's read (checked beside it) is the error to report
+        raise
+
+
+def rows_to_driver(source: SourceRuntime) -> bool:
+    """Whether a batch's rows come to the driver whole, to be decided there and written by delta-rs: unless the raw
+    table holds VARIANT (delta-rs cannot write it) or its dedup is the MERGE (no ID filters), which are Spark's.
+
+    A batch is then one Spark job, with nothing cached: its second job (Delta's writer, over the cache) cost more
+    than the rows' trip to the driver. Every source bounds a batch's size (`max_bytes`, `max_messages`,
+    `max_records`; `onceflow.orchestration.pipelines` sets them where a declaration does not), and so what the
+    driver holds."""
+    if source.pipeline.delivery == "exactly_once" and source.id_filters is None:
+        return False
+    return not has_variant(raw_schema(source.pipeline))
 
 
 def _horizon(horizon_floor_ms: int | None) -> str:
@@ -138,7 +179,7 @@ def _horizon(horizon_floor_ms: int | None) -> str:
 
 
 def _merge_with_filters(
-    spark: SparkSession, source: SourceRuntime, store: IdFilterStore, plan: BatchPlan, valid: DataFrame,
+    spark: SparkSession, source: SourceRuntime, store: IdFilterStore, plan: BatchPlan, valid: DataFrame | pa.Table,
     dedup: tuple[pa.Table, np.ndarray], metadata: dict, result: IngestResult, begun: Future | None,
 ) -> Written:
     """Commit the first record of each ID of a batch's `valid` records (`dedup`: those firsts' `record_id,

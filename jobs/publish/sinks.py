@@ -16,6 +16,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from onceflow.jobs.declare.declaration import BigQuerySink, FileSink, WindowedOutput
+from onceflow.jobs.declare.schema import has_variant
 from onceflow.jobs.publish.pane_sequence import BigQueryTarget, publish_pane
 from onceflow.jobs.publish.sequence import CommitResult, run_sequence
 from onceflow.jobs.publish.sink_types import sink_type
@@ -115,7 +116,7 @@ def _variants_as_json(column: Column, data_type: T.DataType) -> Column:
     variant's own Arrow form does not survive a NULL variant on Spark Connect, and its JSON text is exact."""
     if isinstance(data_type, T.VariantType):
         return F.to_json(column)
-    if not _has_variant(data_type):
+    if not has_variant(data_type):
         return column
     if isinstance(data_type, T.ArrayType):
         return F.transform(column, lambda element: _variants_as_json(element, data_type.elementType))
@@ -124,13 +125,3 @@ def _variants_as_json(column: Column, data_type: T.DataType) -> Column:
     assert isinstance(data_type, T.StructType)
     fields = [_variants_as_json(column[f.name], f.dataType).alias(f.name) for f in data_type.fields]
     return F.when(column.isNotNull(), F.struct(*fields))
-
-
-def _has_variant(data_type: T.DataType) -> bool:
-    if isinstance(data_type, T.ArrayType):
-        return _has_variant(data_type.elementType)
-    if isinstance(data_type, T.MapType):
-        return _has_variant(data_type.valueType)
-    if isinstance(data_type, T.StructType):
-        return any(_has_variant(f.dataType) for f in data_type.fields)
-    return isinstance(data_type, T.VariantType)

@@ -23,7 +23,7 @@ from onceflow.jobs.sources.checkpoint import BatchPlan, CheckpointStore, SourceC
 from onceflow.jobs.sources.landed_ids import LandedRow
 from onceflow.jobs.sources.landing import STREAM_STRIDE, BatchOutcome
 from onceflow.jobs.sources.watermark import FileWatermark, WatermarkEstimator
-from onceflow.resources.files import FileEntry, JsonLinesDirectory
+from onceflow.resources.files import JsonLinesDirectory
 
 
 class UnlistedFileError(RuntimeError):
@@ -72,7 +72,6 @@ class FileReader:
             raise TypeError("FileReader needs a settings-resolved FileSource")
         self.pipeline, self.source, self.checkpoints = pipeline, source, checkpoints
         self.directory = JsonLinesDirectory(source.directory, source.pattern)
-        self._counts: dict[FileEntry, int] = {}
 
     def has_data(self, checkpoint: SourceCheckpoint) -> bool:
         return bool(self.directory.discover(set(checkpoint.taken_files), 1, 1))
@@ -96,8 +95,6 @@ class FileReader:
         )
 
     def landed(self, spark: SparkSession, plan: BatchPlan) -> DataFrame:
-        # The driver reads each file once a batch: to check that it is the file planned, and to count its records.
-        self._counts = {entry: self.directory.count(entry) for entry in plan.files}
         paths = [self.directory.path_of(entry) for entry in plan.files]
         lines = _file_lines(spark, paths)
         relative = f"element_at({sql_strings(entry.path for entry in plan.files)}, file + 1)"
@@ -113,8 +110,9 @@ class FileReader:
         )
 
     def landed_count(self, plan: BatchPlan) -> int:
-        counts = self._counts
-        return sum(counts[e] if e in counts else self.directory.count(e) for e in plan.files)
+        # The driver reads each file once a batch, beside Spark's read of it (and before anything commits): to check
+        # that it is the file planned, and to count its records.
+        return sum(self.directory.count(entry) for entry in plan.files)
 
     def landed_rows(self, plan: BatchPlan) -> list[LandedRow]:
         return [
