@@ -5,6 +5,7 @@ value; what onceflow refuses on purpose is a dead letter with its reason and the
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 
 import pytest
 from pyspark.sql import SparkSession
@@ -123,4 +124,32 @@ def test_a_refused_value_is_named_with_what_was_found(spark: SparkSession) -> No
     assert [(reason, detail) for reason, detail, _ in got] == [
         ("wrong_type", '`items[2].price` is STRING "abc", not DECIMAL(5,2)'),
         ("out_of_range", "`items[0].price` is DOUBLE 1000.0, which does not fit DECIMAL(5,2)"),
+    ]
+
+
+@pytest.mark.engine_paths
+def test_an_event_time_outside_the_batch_window_is_refused_naming_both_times(spark: SparkSession) -> None:
+    """More than `max_clock_skew` after the batch time, or before the dedup horizon's floor: each a dead letter
+    whose detail names the event time and the bound it broke, as Spark writes a TIMESTAMP."""
+    hour = 3_600_000
+    floor = AT_MS - 24 * hour
+    times = {"ok": AT_MS - hour, "late": AT_MS + 2 * hour, "old": floor - hour, "edge": floor}
+    landed = spark.createDataFrame(
+        [(i, f"f.jsonl:{i}", None, None, json.dumps({"at": at, "id": name}).encode())
+         for i, (name, at) in enumerate(times.items())],
+        "ordinal BIGINT, source_position STRING, publish_time TIMESTAMP, attributes MAP<STRING, STRING>, data BINARY",
+    )
+    contract = RecordContract(schema=parse_schema("id STRING"), max_record_bytes=10_000, max_clock_skew_ms=hour,
+                              time_field="at")
+    got = classify(landed, contract, AT_MS, floor, batch_id=1).orderBy("ordinal").select("reason", "detail").collect()
+
+    def text(ms: int) -> str:
+        return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+    assert [tuple(row) for row in got] == [
+        (None, None),
+        ("event_time_out_of_range",
+         f"event time {text(times['late'])} is more than 3600s after the batch time {text(AT_MS)}"),
+        ("beyond_dedup_horizon", f"event time {text(times['old'])} is older than the dedup horizon ({text(floor)})"),
+        (None, None),
     ]

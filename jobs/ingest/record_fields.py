@@ -108,7 +108,7 @@ def failure(schema: T.StructType) -> str:
     ]
     # Unreachable unless Spark refuses a value that the per-value conversion accepts: never a valid record then.
     unknown = "named_struct('reason', 'wrong_type', 'detail', 'a value Spark''s JSON reader does not convert')"
-    return f"coalesce({not_json}, {', '.join(part for part in fields if part)}, {unknown})"
+    return f"coalesce({', '.join([not_json, *(part for part in fields if part), unknown])})"
 
 
 def _let(value: str, name: str, body: str) -> str:
