@@ -25,8 +25,9 @@ def first_ids(valid: pa.Table) -> tuple[pa.Table, np.ndarray]:
 def without_ordinals(rows: DataFrame | pa.Table, ordinals: np.ndarray) -> DataFrame | pa.Table:
     """`rows` without those at `ordinals`, and without the ordinal column.
 
-    Rows held as Arrow are filtered here. For a DataFrame, the ordinals go to Spark as one binary literal, sorted, that `onceflow_not_among` (registered by
-    `onceflow.resources.spark_functions`) searches for each row: no table of them to build and broadcast first.
+    Rows held as Arrow are filtered here. For a DataFrame, the ordinals go to Spark as one binary literal, sorted,
+    that `onceflow_not_among` (registered by `onceflow.resources.spark_functions`) searches for each row: no table
+    of them to build and broadcast first.
     """
     if isinstance(rows, pa.Table):
         if len(ordinals):

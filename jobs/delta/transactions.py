@@ -126,8 +126,8 @@ def begin_append(spark: SparkSession, path: str, prepare: Callable[[], None] | N
 
 
 def append_once(
-    df: DataFrame | pa.Table, path: str, app_id: str, version: int, metadata: dict[str, Any], begun: Future | None = None,
-    read_version: int | None = None,
+    df: DataFrame | pa.Table, path: str, app_id: str, version: int, metadata: dict[str, Any],
+    begun: Future | None = None, read_version: int | None = None,
 ) -> bool:
     """Append `df` (a DataFrame, or rows this process holds as Arrow) to the Delta table at `path` as the
     transaction `(app_id, version)`; False (nothing written) when the table has committed that transaction already.
@@ -148,8 +148,9 @@ def append_once(
     its own, which cost a new process seconds and every later batch a fifth of a second more. A table with
     columns delta-rs cannot write (VARIANT) has Delta's writer write the files as a staging table inside the table,
     and delta-rs commits them (`onceflow.jobs.delta.staging.write_staged`). Rows held as Arrow (a batch whose rows
-    came to the driver whole) are conformed here and written by delta-rs on either kind of session. (Delta's own `txnAppId` append is blind
-    to `read_version`, and an insert-only MERGE that conflicts with every commit since cost about twice as much.)
+    came to the driver whole) are conformed here and written by delta-rs on either kind of session. (Delta's own
+    `txnAppId` append is blind to `read_version`, and an insert-only MERGE that conflicts with every commit since
+    cost about twice as much.)
     """
     if holds_batch(path, app_id, version):
         return False

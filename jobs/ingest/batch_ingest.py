@@ -3,8 +3,9 @@
 Per batch: validate every record against the pipeline's record contract (`onceflow.jobs.ingest.validation`; bad ones become
 dead-letter rows with a reason) in one Spark action, and drop duplicates inside the batch (decided on the driver
 from a few of its columns). That action brings the batch's rows to the driver whole, for delta-rs to write them
-(`rows_to_driver`), or else caches the batch for Spark to write or MERGE its rows. Then, with the ID filters (`onceflow.jobs.dedup.id_filters`, the fast path),
-look up only the IDs they cannot rule out and append the rest (`onceflow.jobs.delta.transactions.append_once`); without them,
+(`rows_to_driver`), or else caches the batch for Spark to write or MERGE its rows. Then, with the ID filters
+(`onceflow.jobs.dedup.id_filters`, the fast path), look up only the IDs they cannot rule out and append the rest
+(`onceflow.jobs.delta.transactions.append_once`); without them,
 `MERGE INTO raw ... ON record_id ... WHEN NOT MATCHED THEN INSERT` with a partition predicate that bounds the
 lookup to the dedup horizon. Dead letters are appended to the dead-letter table unless it holds their record ID
 (`onceflow.jobs.ingest.dead_letters`), so a bad record redelivered in a later batch is held once. Every commit
