@@ -141,15 +141,19 @@ def test_an_event_time_outside_the_batch_window_is_refused_naming_both_times(spa
     )
     contract = RecordContract(schema=parse_schema("id STRING"), max_record_bytes=10_000, max_clock_skew_ms=hour,
                               time_field="at")
-    got = classify(landed, contract, AT_MS, floor, batch_id=1).orderBy("ordinal").select("reason", "detail").collect()
+
+    def verdicts(horizon_floor_ms: int | None) -> list[tuple]:
+        out = classify(landed, contract, AT_MS, horizon_floor_ms, batch_id=1).orderBy("ordinal")
+        return [tuple(row) for row in out.select("reason", "detail").collect()]
 
     def text(ms: int) -> str:
         return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
-    assert [tuple(row) for row in got] == [
-        (None, None),
-        ("event_time_out_of_range",
-         f"event time {text(times['late'])} is more than 3600s after the batch time {text(AT_MS)}"),
+    late = ("event_time_out_of_range",
+            f"event time {text(times['late'])} is more than 3600s after the batch time {text(AT_MS)}")
+    assert verdicts(floor) == [
+        (None, None), late,
         ("beyond_dedup_horizon", f"event time {text(times['old'])} is older than the dedup horizon ({text(floor)})"),
         (None, None),
     ]
+    assert verdicts(None) == [(None, None), late, (None, None), (None, None)]  # at least once: no horizon

@@ -139,15 +139,13 @@ def _time_range(contract: RecordContract, with_floor: bool) -> tuple[Column, Col
     in two details cost a tenth of a clean batch."""
     event_time = F.col("event_time")
     late = event_time > F.col("_latest")
-    skew = f"event time %s is more than {contract.max_clock_skew_ms // 1000}s after the batch time %s"
-    if not with_floor:
-        return late, "event_time_out_of_range", F.format_string(skew, event_time.cast("string"),
-                                                                  F.col("_batch_time").cast("string"))
     reason = F.when(late, F.lit("event_time_out_of_range")).otherwise(F.lit("beyond_dedup_horizon"))
-    pattern = F.when(late, F.lit(skew)).otherwise(F.lit("event time %s is older than the dedup horizon (%s)"))
+    pattern = F.when(
+        late, F.lit(f"event time %s is more than {contract.max_clock_skew_ms // 1000}s after the batch time %s")
+    ).otherwise(F.lit("event time %s is older than the dedup horizon (%s)"))
     bound = F.when(late, F.col("_batch_time")).otherwise(F.col("_floor")).cast("string")
     detail = F.call_function("format_string", pattern, event_time.cast("string"), bound)  # a pattern per record
-    return late | (event_time < F.col("_floor")), reason, detail
+    return (late | (event_time < F.col("_floor"))) if with_floor else late, reason, detail
 
 
 def _located(contract: RecordContract, attribute: str | None, field: str | None) -> Column:
