@@ -8,11 +8,11 @@ import json
 from datetime import UTC, datetime
 
 import pytest
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from onceflow.jobs.declare.record_contract import RecordContract
 from onceflow.jobs.declare.schema import parse_schema
-from onceflow.jobs.ingest.validation import classify
+from onceflow.jobs.ingest.validation import classify, explain_flagged
 
 AT_MS = 1_795_000_000_000
 OK = None
@@ -50,6 +50,15 @@ CASES: dict[str, list[tuple[str, tuple[str, str] | None]]] = {
         ('{"a": 1}', ("missing_field", ".b")), ('{"a": "1", "b": "x"}', ("wrong_type", ".a")),
         ('{"b": "x", "c": [1, "1.25"]}', ("out_of_range", ".c[1]")), ('"x"', ("wrong_type", "")),
     ],
+    # Checked without a lambda (an array's bounds and decimals, a field of an array's structs) and with one (an
+    # element's NOT NULL field, an array of arrays).
+    "ARRAY<STRUCT<q: TINYINT, d: DECIMAL(4,1), s: STRING NOT NULL>>": [
+        ('[{"q": 1, "d": "1.5", "s": "a"}, null, {"s": "b"}]', OK),
+        ('[{"s": "a"}, {"q": 200, "s": "b"}]', ("out_of_range", "[1].q")),
+        ('[{"d": 1.25, "s": "a"}]', ("out_of_range", "[0].d")),
+        ('[{"q": 1, "s": "a"}, {"q": 2}]', ("missing_field", "[1].s")),
+    ],
+    "ARRAY<ARRAY<FLOAT>>": [("[[1.5], null, [], [null]]", OK), ("[[1.5], [2, 1e40]]", ("out_of_range", "[1][1]"))],
     "VARIANT": [('{"a": [1, 2.5, "x"]}', OK), ('"s"', OK), ("5", OK), ("null", OK)],
 }
 
@@ -59,19 +68,26 @@ def _stamped(body: str) -> str:
     return f'{{"at": {AT_MS}, {body[1:]}'
 
 
-def _classify(spark: SparkSession, schema: str, lines: list[str]) -> tuple[list, list]:
-    """Each line classified, in order, as (reason, detail, typed fields as JSON), and the same lines through
-    `from_json` with the same schema (as JSON)."""
-    landed = spark.createDataFrame(
+def _landed(spark: SparkSession, lines: list[str]) -> DataFrame:
+    return spark.createDataFrame(
         [(i, f"f.jsonl:{i}", None, None, line.encode()) for i, line in enumerate(lines)],
         "ordinal BIGINT, source_position STRING, publish_time TIMESTAMP, attributes MAP<STRING, STRING>, data BINARY",
     )
+
+
+def _classify(spark: SparkSession, schema: str, lines: list[str]) -> tuple[list, list]:
+    """Each line classified, in order, as (reason, detail, typed fields as JSON), and the same lines through
+    `from_json` with the same schema (as JSON)."""
+    landed = _landed(spark, lines)
     contract = RecordContract(schema=parse_schema(schema), max_record_bytes=10_000, max_clock_skew_ms=3_600_000,
                               time_field="at")
-    typed = f"to_json(struct({', '.join(f.name for f in contract.schema)}))"
-    out = classify(landed, contract, AT_MS, None, batch_id=1).orderBy("ordinal").selectExpr("reason", "detail", typed)
+    typed = f"to_json(struct({', '.join(f.name for f in contract.schema)})) AS typed"
+    out = classify(landed, contract, AT_MS, None, batch_id=1).selectExpr(
+        "ordinal", "reason", "detail", typed, "raw", "record_id", "event_time")
+    rows = explain_flagged(spark, contract, out.toArrow()).sort_by("ordinal")
     spark_read = landed.orderBy("ordinal").selectExpr(f"to_json(from_json(CAST(data AS STRING), '{schema}'))")
-    return [tuple(row) for row in out.collect()], [row[0] for row in spark_read.collect()]
+    return list(zip(*(rows[name].to_pylist() for name in ("reason", "detail", "typed")), strict=True)), [
+        row[0] for row in spark_read.collect()]
 
 
 @pytest.mark.engine_paths
@@ -125,6 +141,28 @@ def test_a_refused_value_is_named_with_what_was_found(spark: SparkSession) -> No
         ("wrong_type", '`items[2].price` is STRING "abc", not DECIMAL(5,2)'),
         ("out_of_range", "`items[0].price` is DOUBLE 1000.0, which does not fit DECIMAL(5,2)"),
     ]
+
+
+@pytest.mark.engine_paths
+def test_a_refused_record_keeps_the_id_and_event_time_written_after_its_failing_value(spark: SparkSession) -> None:
+    """Spark's conversion may lose a record's other fields at a value it cannot convert (one inside a STRUCT, when
+    the session keeps no partial results: `spark.sql.json.enablePartialResults`, which users may turn off): a dead
+    letter's ID and event time are read again from its payload (so a redelivered bad record is held once, by its
+    ID)."""
+    lines = [f'{{"m": {{"x": "abc"}}, "id": "e-1", "at": {AT_MS - 5}}}', f'{{"n": 5, "id": "e-2", "at": {AT_MS - 7}}}',
+             '{"m": {"x": 1}, "n": 1.5, "id": "e-3"}']
+    contract = RecordContract(schema=parse_schema("m STRUCT<x: INT>, n INT"), max_record_bytes=10_000,
+                              max_clock_skew_ms=3_600_000, id_field="id", time_field="at")
+    spark.conf.set("spark.sql.json.enablePartialResults", "false")
+    try:
+        out = classify(_landed(spark, lines), contract, AT_MS, None, batch_id=1).selectExpr(
+            "ordinal", "reason", "detail", "raw", "record_id", "event_time")
+        rows = explain_flagged(spark, contract, out.toArrow()).sort_by("ordinal")
+    finally:
+        spark.conf.unset("spark.sql.json.enablePartialResults")
+    assert [(row["reason"], row["record_id"], row["event_time"] and int(row["event_time"].timestamp() * 1000))
+            for row in rows.to_pylist()] == [("wrong_type", "e-1", AT_MS - 5), (None, "e-2", AT_MS - 7),
+                                             ("wrong_type", "e-3", None)]
 
 
 @pytest.mark.engine_paths

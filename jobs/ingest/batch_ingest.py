@@ -51,7 +51,7 @@ from onceflow.jobs.ingest.batch_commit import Written, append_new, commit_once, 
 from onceflow.jobs.ingest.dead_letters import COLUMNS as DEAD_LETTER_COLUMNS
 from onceflow.jobs.ingest.dead_letters import commit_dead_letters
 from onceflow.jobs.ingest.result import IngestResult
-from onceflow.jobs.ingest.validation import classify
+from onceflow.jobs.ingest.validation import classify, explain_flagged
 from onceflow.jobs.sources.checkpoint import BatchPlan
 from onceflow.jobs.sources.committed_plans import PLAN_KEY
 from onceflow.jobs.sources.landing import STREAM_STRIDE
@@ -88,10 +88,7 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
                        _ingested_ms=plan.planned_at_ms)
     # Projections are SQL text: each column built in Python costs round trips to the JVM.
     classified = checked.selectExpr(
-        *(quoted(name) for name in checked.columns if name not in ("data", "attributes")),
-        f"{bucket_of('event_time')} AS time_bucket",
-        # The record's bytes are kept only where a dead letter needs them (text that is not UTF-8).
-        "CASE WHEN reason IS NOT NULL THEN coalesce(payload, base64(data)) END AS raw",
+        *(quoted(name) for name in checked.columns if name != "attributes"), f"{bucket_of('event_time')} AS time_bucket"
     )
     raw_columns = (
         "record_id", "event_time", *(quoted(f.name) for f in contract.schema), "payload", "source_position",
@@ -102,6 +99,7 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
         classified = classified.cache()
     try:
         slim, valid = _read(classified, raw_columns, rows_here, counted)
+        slim = explain_flagged(spark, contract, slim)
         if begun is not None:
             begun.result()  # the tables exist from here on
         result.landed = counted.result()  # before anything commits: a landing that cannot be counted stops the batch

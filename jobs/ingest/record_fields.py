@@ -27,9 +27,12 @@ OPTIONS = (
 )
 """Spark's JSON reader kept to JSON: no NaN or Infinity tokens, no single quotes; times without an offset are UTC."""
 _INTEGER_KINDS = "('TINYINT', 'SMALLINT', 'INT', 'BIGINT')"
-_RANGES = {T.ByteType: (-128, 127), T.ShortType: (-32768, 32767)}
-_LIMITS = {T.FloatType: "3.4028234663852886E38", T.DoubleType: "1.7976931348623157E308"}
-_YEARS = {
+_BOUNDS = {
+    T.ByteType: ("-128", "127"),
+    T.ShortType: ("-32768", "32767"),
+    # NaN is above every number (and so out of these bounds), in a comparison as in array_max
+    T.FloatType: ("-3.4028234663852886E38", "3.4028234663852886E38"),
+    T.DoubleType: ("-1.7976931348623157E308", "1.7976931348623157E308"),
     T.DateType: ("DATE'0001-01-01'", "DATE'9999-12-31'"),
     T.TimestampType: ("TIMESTAMP'0001-01-01 00:00:00Z'", "TIMESTAMP'9999-12-31 23:59:59.999999Z'"),
     T.TimestampNTZType: ("TIMESTAMP_NTZ'0001-01-01 00:00:00'", "TIMESTAMP_NTZ'9999-12-31 23:59:59.999999'"),
@@ -61,25 +64,21 @@ def narrowed(data_type: T.DataType, value: str) -> str:
 
 def strict(data_type: T.DataType, value: str, names: itertools.count | None = None) -> str | None:
     """SQL: whether `value` (read as `wide(data_type)`) keeps onceflow's stricter rules; None: nothing to check."""
-    names = names or itertools.count()
-    check = None
-    kind = type(data_type)
-    if kind in _RANGES:
-        low, high = _RANGES[kind]
-        check = f"{value} BETWEEN {low} AND {high}"
-    elif kind in _LIMITS:
-        check = f"abs({value}) <= {_LIMITS[kind]}"  # false for NaN and the infinities
-    elif isinstance(data_type, T.DecimalType):
-        check = f"try_cast({value} AS {type_ddl(data_type)}) = {value}"
-    elif kind in _YEARS:
-        check = f"{value} BETWEEN {_YEARS[kind][0]} AND {_YEARS[kind][1]}"
-    elif isinstance(data_type, T.ArrayType | T.MapType):
-        element = f"_s{next(names)}"
-        inner = strict(data_type.elementType if isinstance(data_type, T.ArrayType) else data_type.valueType,
-                       element, names)
-        values = value if isinstance(data_type, T.ArrayType) else f"map_values({value})"
-        check = None if inner is None else f"forall({values}, {element} -> {inner})"
-    elif isinstance(data_type, T.StructType):
+    check = _check(data_type, value, names or itertools.count())
+    return None if check is None else f"({value} IS NULL OR coalesce({check}, false))"
+
+
+def _check(data_type: T.DataType, value: str, names: itertools.count) -> str | None:
+    bounds = _BOUNDS.get(type(data_type))
+    if bounds:
+        return f"{value} BETWEEN {bounds[0]} AND {bounds[1]}"
+    if isinstance(data_type, T.DecimalType):
+        return f"try_cast({value} AS {type_ddl(data_type)}) = {value}"
+    if isinstance(data_type, T.ArrayType):
+        return _every(data_type.elementType, value, names)
+    if isinstance(data_type, T.MapType):
+        return _every(data_type.valueType, f"map_values({value})", names)
+    if isinstance(data_type, T.StructType):
         parts = []
         for f in data_type.fields:
             child = f"{value}.{quoted(f.name)}"
@@ -88,8 +87,28 @@ def strict(data_type: T.DataType, value: str, names: itertools.count | None = No
             inner = strict(f.dataType, child, names)
             if inner is not None:
                 parts.append(inner)
-        check = " AND ".join(f"({part})" for part in parts) or None
-    return None if check is None else f"({value} IS NULL OR coalesce({check}, false))"
+        return " AND ".join(f"({part})" for part in parts) or None
+    return None
+
+
+def _every(data_type: T.DataType, values: str, names: itertools.count) -> str | None:
+    """SQL: whether every element of the array `values` (of `wide(data_type)`) keeps the stricter rules, NULL when it
+    is NULL; None: nothing to check. Written without a lambda where there is a way (bounds by `array_min` and
+    `array_max`, a decimal by the array cast): a lambda (`forall`) keeps Spark from compiling the projection that
+    holds it into its stage, so each record costs a copy of its row and an interpreted step."""
+    bounds = _BOUNDS.get(type(data_type))
+    if bounds:
+        return f"coalesce(array_min({values}) >= {bounds[0]} AND array_max({values}) <= {bounds[1]}, true)"
+    if isinstance(data_type, T.DecimalType):
+        rounded = f"try_cast({values} AS ARRAY<{type_ddl(data_type)}>)"
+        return f"cast({rounded} AS ARRAY<{type_ddl(wide(data_type))}>) = {values}"
+    if isinstance(data_type, T.StructType) and all(f.nullable for f in data_type.fields):
+        # `values.f` is the array of each element's field `f`, NULL for a NULL element
+        parts = [_every(f.dataType, f"{values}.{quoted(f.name)}", names) for f in data_type.fields]
+        return " AND ".join(f"({part})" for part in parts if part) or None
+    element = f"_s{next(names)}"
+    inner = strict(data_type, element, names)
+    return None if inner is None else f"forall({values}, {element} -> {inner})"
 
 
 def failure(schema: T.StructType) -> str:
@@ -135,13 +154,13 @@ def _field(f: T.StructField, value: str, path: str, names: itertools.count) -> s
 
 
 def _verdict(reason: str, data_type: T.DataType, value: str, path: str) -> str:
-    """SQL: the dead-letter verdict `reason` (SQL) for `value` at `path`, naming what was found."""
+    """SQL: the dead-letter verdict `reason` (`wrong_type` or `out_of_range`) for `value` at `path`, naming what was
+    found."""
     declared = data_type.simpleString().upper()
-    found = f"schema_of_variant({value}), substring(to_json({value}), 1, 60)"
+    said = "not" if reason == "wrong_type" else "which does not fit"
     return (
-        f"named_struct('reason', {reason}, 'detail', CASE {reason} WHEN 'wrong_type' "
-        f"THEN format_string('`%s` is %s %s, not {declared}', {path}, {found}) "
-        f"ELSE format_string('`%s` is %s %s, which does not fit {declared}', {path}, {found}) END)"
+        f"named_struct('reason', '{reason}', 'detail', format_string('`%s` is %s %s, {said} {declared}', {path}, "
+        f"schema_of_variant({value}), substring(to_json({value}), 1, 60)))"
     )
 
 
@@ -151,7 +170,7 @@ def _node(data_type: T.DataType, value: str, path: str, names: itertools.count) 
         return None  # Spark's rule: a STRING takes any JSON value (a number's or an object's text)
     kind = f"schema_of_variant({value})"
     present = f"{value} IS NOT NULL AND NOT is_variant_null({value})"
-    wrong = _verdict("'wrong_type'", data_type, value, path)
+    wrong = _verdict("wrong_type", data_type, value, path)
     if isinstance(data_type, T.StructType):
         children = [
             _field(f, f"try_variant_get({value}, '$[\"{f.name}\"]', 'variant')", f"{path} || '.{f.name}'", names)
@@ -181,7 +200,7 @@ def _node(data_type: T.DataType, value: str, path: str, names: itertools.count) 
     if isinstance(data_type, INTEGRAL):
         # Spark takes only an integer token (5, not 5.0): as a VARIANT an integer token is one of these kinds.
         failed = f"({failed} OR {kind} NOT IN {_INTEGER_KINDS})"
-    numeric = f"({kind} IN {_INTEGER_KINDS} OR {kind} IN ('FLOAT', 'DOUBLE') OR startswith({kind}, 'DECIMAL'))"
+    numeric = f"{kind} RLIKE '^(TINYINT|SMALLINT|INT|BIGINT|FLOAT|DOUBLE|DECIMAL.*)$'"
     if isinstance(data_type, INTEGRAL):
         fits = f"({kind} IN {_INTEGER_KINDS} OR {kind} RLIKE '^DECIMAL\\\\((19|[2-9][0-9]),0\\\\)$')"
     elif isinstance(data_type, T.DecimalType):
@@ -190,11 +209,11 @@ def _node(data_type: T.DataType, value: str, path: str, names: itertools.count) 
         fits = numeric
     else:
         fits = "false"  # a BOOLEAN, or a date or time that does not parse
-    check = strict(data_type, f"{converted}.x") or "true"
-    out_of_range = "'out_of_range'"
-    reason = f"CASE WHEN {fits} THEN {out_of_range} ELSE 'wrong_type' END"
+    # A value the reader did not convert that is of a kind that fits, or one it converted that a rule refuses.
+    out_of_range = f"CASE WHEN {failed} THEN {fits} ELSE NOT {strict(data_type, f'{converted}.x') or 'true'} END"
     body = (
-        f"CASE WHEN NOT ({present}) THEN NULL WHEN {failed} THEN {_verdict(reason, data_type, value, path)} "
-        f"WHEN NOT {check} THEN {_verdict(out_of_range, data_type, value, path)} END"
+        f"CASE WHEN NOT ({present}) THEN NULL "
+        f"WHEN {out_of_range} THEN {_verdict('out_of_range', data_type, value, path)} "
+        f"WHEN {failed} THEN {_verdict('wrong_type', data_type, value, path)} END"
     )
     return _let(f"from_json({text}, 'x {type_ddl(wide_type)}, _corrupt STRING', {OPTIONS})", converted, body)

@@ -1,8 +1,9 @@
 """Parse and validate landed records against a pipeline's record contract, in Spark (no Python per record).
 
-`classify` adds to a landed batch (`ordinal, source_position, publish_time, attributes, data`) the columns
-`payload` (the record as text), `record_id`, `event_time`, one typed column per schema field, and `reason` /
-`detail`: NULL for a valid record, else why it is a dead letter. The first failing check names the reason:
+`classify` adds to a landed batch (`ordinal, source_position, publish_time, attributes`; its `data` is dropped) the
+columns `payload` (the record as text), `record_id`, `event_time`, one typed column per schema field, `reason` /
+`detail`: NULL for a valid record, else why it is a dead letter, and `raw`: a dead letter's record as text (its
+payload, or base64 of bytes that are not UTF-8). The first failing check names the reason:
 
 - `oversized` (more than `max_record_bytes`), `not_json` (not UTF-8, not JSON, or not a JSON object);
 - per schema field, in order (see `onceflow.jobs.ingest.record_fields`: Spark's JSON reader converts, onceflow is stricter in a
@@ -22,7 +23,9 @@ from __future__ import annotations
 
 import functools
 
-from pyspark.sql import Column, DataFrame
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -31,6 +34,9 @@ from onceflow.jobs.declare.schema import quoted, type_ddl
 from onceflow.jobs.ingest.batch_values import with_batch_values
 from onceflow.jobs.ingest.record_fields import OPTIONS, failure, narrowed, strict, wide
 
+FLAGGED = "flagged"
+"""The reason `classify` gives a record whose fields failed the conversion or onceflow's stricter checks, until
+`explain_flagged` says which value failed and how."""
 _BATCH_COLUMNS = ("_batch_time_ms", "_latest_ms", "_floor_ms", "_batch_time", "_latest", "_floor")
 
 
@@ -76,11 +82,54 @@ def classify(
     # Spark Connect's columns and a classic session's are different objects: each kind is built once.
     for stage in _stages(contract, horizon_floor_ms is not None, connect=not hasattr(landed, "_jdf")):
         df = df.withColumns(stage)
-    internal = {"_rec", "_flag", "_fields", "_bytes", "_time_raw", "_verdict", *_BATCH_COLUMNS}
+    internal = {"data", "_rec", "_flag", "_bytes", "_undecoded", "_time_raw", "_verdict", *_BATCH_COLUMNS}
     # Naming the verdict's parts and dropping the internal columns is one projection (each costs an analysis),
     # written as SQL text: each column built in Python costs round trips to the JVM.
     kept = [quoted(name) for name in df.columns if name not in internal]
-    return df.selectExpr(*kept, "_verdict.reason AS reason", "_verdict.detail AS detail")
+    return df.selectExpr(
+        *kept, "_verdict.reason AS reason", "_verdict.detail AS detail",
+        "CASE WHEN _verdict.reason IS NOT NULL THEN coalesce(payload, _undecoded) END AS raw",
+    )
+
+
+def explain_flagged(spark: SparkSession, contract: RecordContract, rows: pa.Table) -> pa.Table:
+    """`rows` (classified records held here, `reason, detail, raw, record_id, event_time` among their columns) with
+    each `FLAGGED` record's reason and detail replaced by its first value that failed
+    (`onceflow.jobs.ingest.record_fields.failure`), and its ID and event time read again from its payload (the
+    conversion stops at the value it cannot convert, and may have lost them).
+
+    A second Spark job, over the flagged records' payloads only, and only when there are some: in the batch's own
+    plan, those expressions cost every batch a tenth of a second to analyze, and a copy of each of its rows (Spark
+    does not compile them into its stage), whether or not a record was flagged."""
+    mask = pc.fill_null(pc.equal(rows["reason"], FLAGGED), False).combine_chunks()
+    if not pc.any(mask).as_py():
+        return rows
+    few = rows.filter(mask)
+    asked = pa.table({"payload": few["raw"], "record_id": few["record_id"], "event_time": few["event_time"],
+                      "_i": pa.array(range(few.num_rows), pa.int64())})
+    connect = not hasattr(spark, "_jsparkSession")
+    explained = spark.createDataFrame(asked).select(*_explanation(contract, connect)).toArrow().sort_by("_i")
+    for name in ("reason", "detail", "record_id", "event_time"):
+        at = rows.schema.get_field_index(name)
+        kind = rows.schema.field(at).type
+        column = pc.replace_with_mask(rows[name].combine_chunks(), mask, explained[name].cast(kind).combine_chunks())
+        rows = rows.set_column(at, rows.schema.field(at), column)
+    return rows
+
+
+@functools.cache
+def _explanation(contract: RecordContract, connect: bool) -> tuple[Column, ...]:
+    """The columns `explain_flagged` asks Spark for, from a flagged record's `payload, record_id, event_time`."""
+    _, id_text = _located(contract, contract.id_attribute, contract.id_field)
+    _, time_text = _located(contract, contract.time_attribute, contract.time_field)
+    found = F.expr(failure(contract.schema))
+    return (
+        found.getField("reason").alias("reason"), found.getField("detail").alias("detail"),
+        F.col("record_id") if id_text is None else F.coalesce(id_text, F.col("record_id")).alias("record_id"),
+        F.col("event_time") if time_text is None else F.when(time_text.isNull(), F.col("event_time")).otherwise(
+            parse_time(time_text)).alias("event_time"),
+        F.col("_i"),
+    )
 
 
 @functools.cache
@@ -94,19 +143,16 @@ def _stages(contract: RecordContract, with_floor: bool, connect: bool) -> tuple[
     fallback = F.col("publish_time") if contract.time_from_publish else F.lit(None).cast("timestamp")
     # The record is read once, by Spark's JSON reader; only a flagged record (rare) is looked at again.
     parsed = {f.name: F.expr(narrowed(f.dataType, f"_rec.{quoted(f.name)}")) for f in contract.schema}
-    located = {
-        "_fields": F.expr(f"CASE WHEN _flag THEN {failure(contract.schema)} END"),
-        "record_id": F.coalesce(_located(contract, contract.id_attribute, contract.id_field), F.col("source_position")),
-        "_time_raw": _located(contract, contract.time_attribute, contract.time_field),
-    }
+    id_read, _ = _located(contract, contract.id_attribute, contract.id_field)
+    time_read, _ = _located(contract, contract.time_attribute, contract.time_field)
     event_time = F.col("event_time")
-    checks: list[tuple[Column, str | Column | None, Column]] = [
+    checks: list[tuple[Column, str | Column, Column]] = [
         (F.col("_bytes") > limit, "oversized", F.format_string(f"record is %d bytes; the limit is {limit}", "_bytes")),
         # A landing row without bytes stands for records the source lost before they were read (see landing.py).
-        (F.col("data").isNull(), "lost_in_source",
+        (F.col("_bytes").isNull(), "lost_in_source",
          F.format_string("records %s were deleted from the source before onceflow read them", "source_position")),
         (F.col("payload").isNull(), "not_json", F.lit("payload is not valid UTF-8")),
-        (F.col("_fields").isNotNull(), None, F.lit(None)),  # the reason and detail `failure` found
+        (F.col("_flag"), FLAGGED, F.lit(None)),  # `explain_flagged` says what failed
         (event_time.isNull() & F.col("_time_raw").isNull(), "missing_event_time", F.lit("no event time")),
         (
             event_time.isNull(),
@@ -119,14 +165,16 @@ def _stages(contract: RecordContract, with_floor: bool, connect: bool) -> tuple[
     verdict = F.struct(F.lit(None).cast("string").alias("reason"), F.lit(None).cast("string").alias("detail"))
     for condition, name, text in reversed(checks):
         reason = F.lit(name) if isinstance(name, str) else name
-        found = F.struct(reason.alias("reason"), text.alias("detail")) if name is not None else F.col("_fields")
-        verdict = F.when(condition, found).otherwise(verdict)
+        verdict = F.when(condition, F.struct(reason.alias("reason"), text.alias("detail"))).otherwise(verdict)
     return (
         {"_bytes": F.length("data"), "payload": F.expr("try_validate_utf8(cast(data AS STRING))"),
          **{name: F.timestamp_millis(f"{name}_ms") for name in ("_batch_time", "_latest", "_floor")}},
-        {"_rec": F.expr(f"CASE WHEN _bytes <= {limit} THEN from_json(payload, '{_record_schema(contract)}', {OPTIONS}) END")},
+        {"_rec": F.expr(
+            f"CASE WHEN _bytes <= {limit} THEN from_json(payload, '{_record_schema(contract)}', {OPTIONS}) END"),
+         # A dead letter's record as text (see `classify`): the only use of the bytes past here.
+         "_undecoded": F.expr("CASE WHEN payload IS NULL THEN base64(data) END")},
         {"_flag": F.expr(_flagged(contract)), **parsed},
-        located,
+        {"record_id": F.coalesce(id_read, F.col("source_position")), "_time_raw": time_read},
         {"event_time": F.when(F.col("_time_raw").isNull(), fallback).otherwise(parse_time(F.col("_time_raw")))},
         {"_verdict": verdict},
     )
@@ -148,15 +196,16 @@ def _time_range(contract: RecordContract, with_floor: bool) -> tuple[Column, Col
     return (late | (event_time < F.col("_floor"))) if with_floor else late, reason, detail
 
 
-def _located(contract: RecordContract, attribute: str | None, field: str | None) -> Column:
-    """A string from a message attribute or a payload field (a number's or an object's text); NULL when absent."""
+def _located(contract: RecordContract, attribute: str | None, field: str | None) -> tuple[Column, Column | None]:
+    """A string from a message attribute or a payload field (a number's or an object's text), NULL when absent: as
+    read for every record, and as read again from a flagged one's `payload` (None: nothing to read again)."""
     if attribute is not None:
-        return F.element_at(F.col("attributes"), F.lit(attribute))
+        return F.element_at(F.col("attributes"), F.lit(attribute)), None
     if field is None:
-        return F.lit(None).cast("string")
+        return F.lit(None).cast("string"), None
     alone = f"from_json(payload, '{quoted(field)} STRING', {OPTIONS}).{quoted(field)}"
     declared = {f.name: f.dataType for f in contract.schema}
     if isinstance(declared.get(field, T.StringType()), T.StringType):
         # Read with the record; a flagged record may have lost it (Spark stops at a value it cannot convert).
-        return F.expr(f"CASE WHEN _flag THEN {alone} ELSE _rec.{quoted(field)} END")
-    return F.expr(f"CASE WHEN _bytes <= {contract.max_record_bytes} THEN {alone} END")
+        return F.expr(f"_rec.{quoted(field)}"), F.expr(alone)
+    return F.expr(f"CASE WHEN _bytes <= {contract.max_record_bytes} THEN {alone} END"), None
