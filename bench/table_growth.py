@@ -18,12 +18,13 @@ Per table size N (`--growth-rows`, default 1,000,000 and 10,000,000), on `bench.
    rather than the table's size). Each batch starts once the disk has written back the writes before it
    (`os.sync`). Each `run_micro_batch` is timed (plan, read, validate, dedup, commit,
    checkpoint); the figure per home is the median.
-5. Then one more batch per home, timed apart (`*_redelivery_s`): a tenth of its records are bulk-loaded records
-   drawn from the whole horizon (a producer replaying random old records, a subscription seek: the repeats no
-   recent commit holds), the rest fresh events. Every redelivered record must be found committed.
+5. Then `REDELIVERY_BATCHES` more batches per home, timed apart (`*_redelivery_s`, their median: one batch's
+   time varied by a fifth from run to run): a tenth of each one's records are bulk-loaded records drawn from the
+   whole horizon (a producer replaying random old records, a subscription seek: the repeats no recent commit
+   holds), the rest fresh events. Every redelivered record must be found committed.
 6. Checked, not timed: each raw table then holds N + the distinct fresh events, all of them distinct.
 
-A discarded warm-up (a small table, two batches and a redelivery per home) runs first. `ratio_*` is the median
+A discarded warm-up (a small table, two batches and the redeliveries per home) runs first. `ratio_*` is the median
 per-batch time at the largest N over that at the smallest; `ratio_redelivery_*` the same for the redelivery batch.
 """
 
@@ -56,6 +57,7 @@ from onceflow.resources.lake import LakeResource
 
 SIZES = (1_000_000, 10_000_000)
 BATCHES = 4
+REDELIVERY_BATCHES = 3
 BATCH_RECORDS = 25_000
 WARMUP_ROWS = 10_000
 RETRY_FRACTION = 0.10
@@ -94,19 +96,21 @@ def write_batches(directory: Path, batches: int, records: int, end_ms: int) -> i
     return events
 
 
-def write_redelivery(spark: SparkSession, raw_path: str, path: Path, records: int, end_ms: int) -> tuple[int, int]:
-    """The redelivery batch's file: a tenth of `records` are bulk-loaded records drawn from the whole table, the
-    rest fresh events, shuffled; returns (redelivered, fresh)."""
+def write_redelivery(
+    spark: SparkSession, raw_path: str, path: Path, records: int, end_ms: int, seed: int
+) -> tuple[int, int]:
+    """A redelivery batch's file: a tenth of `records` are bulk-loaded records drawn from the whole table, the
+    rest fresh events (distinct for each `seed`), shuffled; returns (redelivered, fresh)."""
     redelivered = records // 10
     bulk = spark.read.format("delta").load(raw_path).where("batch_id = 0")
-    old = [row.payload for row in bulk.sample(fraction=min(1.0, 3 * redelivered / bulk.count()), seed=7)
+    old = [row.payload for row in bulk.sample(fraction=min(1.0, 3 * redelivered / bulk.count()), seed=seed)
            .limit(redelivered).select("payload").collect()]
     if len(old) != redelivered:
         raise BenchmarkError(f"table_growth: sampled {len(old)} of {redelivered} records to redeliver")
-    fresh = make_events(records - redelivered, end_ms - FRESH_HOURS * HOUR_MS, FRESH_HOURS * HOUR_MS, seed=9,
-                        prefix="r")
+    fresh = make_events(records - redelivered, end_ms - FRESH_HOURS * HOUR_MS, FRESH_HOURS * HOUR_MS, seed=seed,
+                        prefix=f"r{seed}-")
     lines = old + [e.json_line() for e in fresh]
-    random.Random(3).shuffle(lines)
+    random.Random(seed).shuffle(lines)
     path.write_text("".join(f"{line}\n" for line in lines))
     return redelivered, len(fresh)
 
@@ -187,16 +191,18 @@ def measure(
                for name, home in homes.items()}
     raw_files = len(DeltaTable(sources["without"].raw_path).file_uris())
     log(f"table_growth {rows:,} rows: bulk load {bulk_s:.1f} s ({raw_files} files)")
-    redelivered, fresh = write_redelivery(spark, sources["without"].raw_path,
-                                          source_dir / f"part-{batches:03d}.jsonl", batch_records, end_ms)
-    distinct += fresh
+    for seed in range(REDELIVERY_BATCHES):
+        redelivered, fresh = write_redelivery(spark, sources["without"].raw_path,
+                                              source_dir / f"part-{batches + seed:03d}.jsonl", batch_records, end_ms,
+                                              seed)
+        distinct += fresh
     rebuild_s, buckets = rebuild_filters(sources["with"])
     log(f"table_growth {rows:,} rows: filter rebuild {rebuild_s:.2f} s ({buckets} buckets)")
     seconds: dict[str, list[float]] = {name: [] for name in VARIANTS}
     inserted = dict.fromkeys(VARIANTS, 0)
     fast_path: list[dict[str, Any]] = []
     for name in VARIANTS:
-        for batch in range(1, batches + 2):
+        for batch in range(1, batches + REDELIVERY_BATCHES + 1):
             os.sync()  # the bulk load's and the batch before's writes are on disk: a checkpoint's fsync waits for none
             start = time.perf_counter()
             result = run_micro_batch(lambda: spark, sources[name])
@@ -224,8 +230,8 @@ def measure(
         "rows": rows,
         "with_batch_s": statistics.median(seconds["with"][:batches]),
         "without_batch_s": statistics.median(seconds["without"][:batches]),
-        "with_redelivery_s": seconds["with"][batches],
-        "without_redelivery_s": seconds["without"][batches],
+        "with_redelivery_s": statistics.median(seconds["with"][batches:]),
+        "without_redelivery_s": statistics.median(seconds["without"][batches:]),
         "filter_rebuild_s": rebuild_s,
         "with_batch_seconds": seconds["with"],
         "without_batch_seconds": seconds["without"],
@@ -269,7 +275,7 @@ def table_growth(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any
         "ratio_sizes": [sizes[0], sizes[-1]],
         "sizes": measured,
         "config": {
-            "batches": batches, "redelivery_batches": 1, "redelivered_fraction": 0.1,
+            "batches": batches, "redelivery_batches": REDELIVERY_BATCHES, "redelivered_fraction": 0.1,
             "records_per_batch": batch_records, "retry_fraction": RETRY_FRACTION,
             "loaded_hours": LOADED_HOURS, "fresh_event_hours": FRESH_HOURS, "dedup_horizon_hours": 24,
             "order": "warm-up (discarded), then per size: batches alternate without/with (with/without next)",
