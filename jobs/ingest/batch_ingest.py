@@ -13,8 +13,9 @@ carries the SetTransaction `(app id, batch id)`, so replaying a committed batch 
 attempt at the same batch that commits first makes this one a replay.
 
 What a batch did is counted from independent facts where there are some: `landed` comes from the landing
-(Parquet metadata or the planned files' lines), `inserted` and `dead_lettered_new` from the Delta commits' own
-metrics; `balances()` checks them against the classification.
+(Parquet metadata, the planned files' lines, or the planned Kafka offsets, read again where Spark saw another
+number of records), `inserted` and `dead_lettered_new` from the Delta commits' own metrics; `balances()` checks
+them against the classification.
 """
 
 from __future__ import annotations
@@ -69,8 +70,7 @@ def ensure_tables(source: SourceRuntime) -> None:
 
 def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, landed: DataFrame) -> IngestResult:
     """Commit one landed batch to the raw and dead-letter tables, exactly once (or at least once)."""
-    # The landing's own count (an independent fact) is read beside the batch's first Spark job: from a Kafka source
-    # it is a second read of every record.
+    # The landing's own count (an independent fact) is read beside the batch's first Spark job.
     counted = _counter.submit(source.reader.landed_count, plan)
     pipeline = source.pipeline
     rows_here = rows_to_driver(source)
@@ -104,6 +104,8 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
             begun.result()  # the tables exist from here on
         result.landed = counted.result()  # before anything commits: a landing that cannot be counted stops the batch
         _summarize(slim, result)
+        if result.landed != result.received:  # planned positions that hold no record, or a reading that lost some
+            result.landed = source.reader.recount(plan, result.landed)
         if result.min_event_time_ms is not None:  # and its event times, for the watermark and the windows
             metadata[EVENT_TIMES_KEY] = [result.min_event_time_ms, result.max_event_time_ms]
         if result.dead_lettered:

@@ -48,7 +48,6 @@ class KafkaReader:
         if not isinstance(source, KafkaSource) or source.max_records is None:
             raise TypeError("KafkaReader needs a settings-resolved KafkaSource")
         self.pipeline, self.source, self.checkpoints, self.plans = pipeline, source, checkpoints, plans
-        self._counts: dict[int, int] = {}
         self._lags: dict[int, dict[int, int]] = {}  # the last batch's, asked by its commit and by its run's report
 
     @cached_property
@@ -168,10 +167,14 @@ class KafkaReader:
             )
 
     def landed_count(self, plan: BatchPlan) -> int:
-        if plan.batch_id not in self._counts:
-            records = self.client.records(self.source.topic, list(plan.offsets))  # counted as read, none kept
-            self._counts = {plan.batch_id: sum(1 for _ in records) + len(plan.lost)}
-        return self._counts[plan.batch_id]
+        # One record an offset, unless transaction markers, aborted transactions or compaction left some offsets
+        # without one: then Spark's reading sees fewer, and `recount` reads them. Reading every record again here
+        # (beside Spark's read, from the same broker) cost an exactly-once batch a third of its speed.
+        return sum(until - start for _, start, until in plan.offsets) + len(plan.lost)
+
+    def recount(self, plan: BatchPlan, counted: int) -> int:
+        records = self.client.records(self.source.topic, list(plan.offsets))  # counted as read, none kept
+        return sum(1 for _ in records) + len(plan.lost)
 
     def landed_rows(self, plan: BatchPlan) -> list[LandedRow]:
         topic = self.source.topic

@@ -106,6 +106,9 @@ class PubSubReader:
     def landed_count(self, plan: BatchPlan) -> int:
         return len(self.landed_messages(plan))
 
+    def recount(self, plan: BatchPlan, counted: int) -> int:
+        return counted
+
     def landed_rows(self, plan: BatchPlan) -> list[LandedRow]:
         table = pq.read_table(io.BytesIO(self._landing_bytes(plan)))
         times = table.column("publish_time").cast(pa.int64()).to_pylist()

@@ -47,7 +47,14 @@ class SourceReader(Protocol):
         ...
 
     def landed_count(self, plan: BatchPlan) -> int:
-        """How many records the batch holds, counted from the landing itself (not from Spark's reading of it)."""
+        """How many records the batch holds, counted from the landing itself (not from Spark's reading of it).
+        Where that would be a second read of every record (Kafka), the number of positions planned: exact unless
+        some of them hold no record, see `recount`."""
+        ...
+
+    def recount(self, plan: BatchPlan, counted: int) -> int:
+        """The batch's records counted again from the landing, asked only where Spark's reading of it saw another
+        number than `landed_count`'s `counted`; `counted` itself where that count is always exact."""
         ...
 
     def landed_rows(self, plan: BatchPlan) -> list[LandedRow]:
