@@ -52,6 +52,7 @@ class Dataset:
     default_events: int
     generate: Callable[[Path, int, int], Written]
     description: str
+    declared: dict[str, str] = field(default_factory=dict)  # the pipeline's further settings, as its user sets them
 
     @property
     def fields(self) -> list[str]:
@@ -67,8 +68,8 @@ class Dataset:
     def pipeline(self, directory: Path, mode: str, files_per_batch: int) -> Pipeline:
         source = FileSource(directory=str(directory), id_field=self.id_field, timestamp_field=self.time_field,
                             max_files=files_per_batch)
-        return resolve(Pipeline(name=self.pipeline_name, source=source, schema=self.schema, delivery=mode),
-                       load_settings())
+        return resolve(Pipeline(name=self.pipeline_name, source=source, schema=self.schema, delivery=mode,
+                                **self.declared), load_settings())
 
 
 @dataclass(frozen=True)

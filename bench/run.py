@@ -1,9 +1,9 @@
-"""Run the benchmarks: `python -m bench.run [--dataset clean|realistic|both] [--only NAME] [--events N]
+"""Run the benchmarks: `python -m bench.run [--dataset clean|realistic|flights|all] [--only NAME] [--events N]
 [--rounds N]` (`make bench`).
 
 One process, one Spark session (started before any timing); per data set (`bench.datasets`: `clean`, events
-plus 10% publisher retries; `realistic`, a clickstream as producers write it), the same JSON-lines files are
-ingested by every contender —
+plus 10% publisher retries; `realistic`, a clickstream as producers write it; `flights`, data onceflow did not
+design: a year of real departures, `bench.flights`), the same JSON-lines files are ingested by every contender —
 
 - `exactly_once`, `at_least_once`: onceflow's micro-batches (`bench.ingest_throughput.drain_once`);
 - `streaming_dedup`, `streaming_merge`: the Spark Structured Streaming peer (`bench.peer`);
@@ -50,6 +50,7 @@ from pyspark.sql import SparkSession
 
 from bench import chart, ingest_throughput, peer, report
 from bench.datasets import CLEAN, BenchmarkError, Dataset, Source
+from bench.flights import FLIGHTS
 from bench.ingest_throughput import Config
 from bench.kafka import BATCH as KAFKA_BATCH
 from bench.kafka import EVENTS as KAFKA_EVENTS
@@ -80,7 +81,7 @@ ONCEFLOW = ingest_throughput.MODES  # exactly_once, at_least_once
 CONTENDERS = (*ONCEFLOW, *peer.CONTENDERS)
 EXTRAS = ("table_growth", "redelivery", "latency", "landing", "kafka", "profiles")
 ALIASES = {"ingest_throughput": ONCEFLOW}
-DATASETS = {d.name: d for d in (CLEAN, REALISTIC)}
+DATASETS = {d.name: d for d in (CLEAN, REALISTIC, FLIGHTS)}
 
 
 def machine() -> dict[str, Any]:
@@ -266,7 +267,7 @@ def spark_benchmarks(
         )
         try:
             settings = {k: v for k, v in spark.sparkContext.getConf().getAll() if k in report.SPARK_SETTINGS}
-            names = list(DATASETS) if args.dataset == "both" else [args.dataset]
+            names = list(DATASETS) if args.dataset == "all" else [args.dataset]
             datasets = [run_contenders(spark, DATASETS[n], contenders, config, _print) for n in names if contenders]
             results = {name: with_memory(run, spark, args) if name in extras else None for name, run in extra.items()}
         finally:
@@ -278,8 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--dataset", choices=[*DATASETS, "both"], default="both",
-                        help="the data set(s) the contenders ingest (default: both)")
+    parser.add_argument("--dataset", choices=[*DATASETS, "all"], default="all",
+                        help="the data set(s) the contenders ingest (default: all)")
     parser.add_argument(
         "--only", choices=[*CONTENDERS, *EXTRAS, *ALIASES], action="append",
         help="run only these (repeatable); ratios that lack a contender are null",

@@ -144,7 +144,7 @@ def bulk_load(spark: SparkSession, source: SourceRuntime, rows: int, end_ms: int
         "CAST(NULL AS TIMESTAMP) AS publish_time",
         "CAST(0 AS BIGINT) AS batch_id",
         f"timestamp_millis({end_ms}) AS ingested_at",
-    ).withColumn("time_bucket", F.expr(bucket_of("event_time")))
+    ).withColumn("time_bucket", F.expr(bucket_of("event_time", source.pipeline.time_bucket_ms)))
     typed = rows_df.select([F.col(f.name).cast(f.dataType) for f in schema])
     typed.repartition("time_bucket").write.format("delta").mode("append").partitionBy("time_bucket").save(
         source.raw_path

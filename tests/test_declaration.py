@@ -69,6 +69,8 @@ def orders(**changes) -> Pipeline:
         ({"delivery": "twice"}, "pipeline 'orders': delivery: 'twice' is not a delivery mode"),
         ({"dedup_horizon": "a day"}, "pipeline 'orders': dedup_horizon: 'a day' is not a duration"),
         ({"max_clock_skew": "5"}, "pipeline 'orders': max_clock_skew: '5' is not a duration"),
+        ({"time_bucket": "30s"}, "pipeline 'orders': time_bucket: '30s': a bucket is at least a minute"),
+        ({"time_bucket": "daily"}, "pipeline 'orders': time_bucket: 'daily' is not a duration"),
         ({"start_date": "2026-13-01"}, "pipeline 'orders': start_date: '2026-13-01' is not a date"),
         ({"name": "Orders!"}, "pipeline 'Orders!': name: use lowercase letters"),
         ({"output": {"window": "7m"}}, "outputs[0] ('region_sales').window: '7m': 420s is not a window size"),

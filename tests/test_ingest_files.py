@@ -13,9 +13,10 @@ from pathlib import Path
 import dagster as dg
 import pyarrow.parquet as pq
 import pytest
+from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
-from onceflow.jobs.declare.declaration import Pipeline
+from onceflow.jobs.declare.declaration import DeclarationError, Pipeline
 from onceflow.jobs.delta.commit_log import committed_batch
 from onceflow.jobs.ingest.micro_batch import run_micro_batch
 from onceflow.jobs.run_relay import READY_TAG, RELEASED_TAG, stamped
@@ -98,6 +99,38 @@ def test_files_land_exactly_once_with_dead_letters(spark: SparkSession, incoming
     assert [dictionary[c] for c in ("record_id", "payload", "source_position", "key")] == [False, False, False, True]
     # Nothing new: no batch, and the files are not read twice.
     assert run_micro_batch(lambda: spark, source) is None
+
+
+@pytest.mark.engine_paths
+def test_a_pipeline_bucketed_by_day_finds_repeats_across_buckets_and_keeps_its_width(
+    spark: SparkSession, incoming: Path, home: Path
+) -> None:
+    """`time_bucket="1d"` (a backfill's batches span days): the raw table's partitions are days, a repeat is found
+    whichever day its first copy went to, and a declaration of another width is refused before anything commits."""
+    day = 86_400_000
+    events = make_events(300, START_MS, 3 * day, seed=22, prefix="d")
+    write_jsonl(incoming / "a.jsonl", [e.json_line() for e in events[:150]])
+    write_jsonl(incoming / "b.jsonl", [e.json_line() for e in events[150:]])
+    write_jsonl(incoming / "c.jsonl", [e.json_line() for e in events[::30]])  # repeats from every day
+    pipeline = dataclasses.replace(builtin("events"), time_bucket="1d", dedup_horizon="7d")
+    source = source_for(pipeline, home)
+
+    results = drain(lambda: spark, source)
+
+    assert read_rows(source.raw_path, RAW) == expected_raw(events)
+    assert [r.duplicates for r in results] == [0, 10] and all(r.balances() for r in results)
+    buckets = read_rows(source.raw_path, ["time_bucket"])
+    assert sorted({b for (b,) in buckets}) == sorted({e.event_time_ms // day for e in events})
+    column = next(f for f in DeltaTable(source.raw_path).schema().fields if f.name == "time_bucket")
+    assert column.metadata == {"onceflow.bucketMs": day}
+
+    write_jsonl(incoming / "d.jsonl", [e.json_line() for e in make_events(5, START_MS, 1000, seed=23, prefix="h")])
+    version = DeltaTable(source.raw_path).version()
+    hourly = source_for(dataclasses.replace(pipeline, time_bucket="1h"), home)
+    with pytest.raises(DeclarationError, match=r"pipeline 'events': time_bucket: '1h', but its table raw/events "
+                                               r"is bucketed by 86400s"):
+        run_micro_batch(lambda: spark, hourly)
+    assert DeltaTable(source.raw_path).version() == version
 
 
 def test_positional_record_ids_without_an_id_field(spark: SparkSession, incoming: Path, home: Path) -> None:

@@ -12,7 +12,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from onceflow.jobs.declare.record_contract import RecordContract
 from onceflow.jobs.declare.schema import parse_schema
-from onceflow.jobs.ingest.validation import classify, explain_flagged
+from onceflow.jobs.ingest.validation import FLAGGED, classify, explain_flagged
 
 AT_MS = 1_795_000_000_000
 OK = None
@@ -130,6 +130,19 @@ def test_a_record_is_read_by_spark_rules_where_json_leaves_them_open(spark: Spar
         ("not_json", "payload is not JSON", None),
         ("not_json", "payload is JSON ARRAY<STRING>, not an object", None),
         ("not_json", "payload is not JSON", None),
+    ]
+
+
+@pytest.mark.engine_paths
+def test_a_line_that_is_no_json_object_is_told_in_the_batch_without_a_second_job(spark: SparkSession) -> None:
+    """The commonest bad line, one cut short, costs no `explain_flagged` job: `classify` names it."""
+    contract = RecordContract(schema=parse_schema("f STRING, d DOUBLE"), max_record_bytes=10_000,
+                              max_clock_skew_ms=3_600_000, time_field="at")
+    lines = [_stamped('{"f": "x", "d": 1.5}')[:-9], '["f"]', _stamped('{"f": "x", "d": "y"}')]
+    got = classify(_landed(spark, lines), contract, AT_MS, None, batch_id=1).orderBy("ordinal").toArrow()
+    assert list(zip(got["reason"].to_pylist(), got["detail"].to_pylist(), strict=True)) == [
+        ("not_json", "payload is not JSON"), ("not_json", "payload is JSON ARRAY<STRING>, not an object"),
+        (FLAGGED, None),
     ]
 
 

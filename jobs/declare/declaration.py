@@ -113,6 +113,9 @@ class Pipeline:
     `max_clock_skew` ahead of the batch is a dead letter. `start_date` (`YYYY-MM-DD`, UTC) is the first window
     of every output's partitions. `retention` is how long the Delta tables keep old versions: a closed window can
     be recomputed from its pinned input (a retry, a backfill) for that long after it closed, and no longer.
+    `time_bucket` is the raw table's partition by event time (at least a minute): the unit the dedup horizon prunes
+    by, and each bucket a batch touches is a file it writes. An hour suits a live stream; a backfill whose batches
+    span months wants a day. A table keeps the width it was made with.
     """
 
     name: str
@@ -125,6 +128,7 @@ class Pipeline:
     max_record_bytes: int = 64 * 1024
     start_date: str = "2026-11-01"
     retention: str = "30d"
+    time_bucket: str = "1h"
     watermark_band: str | None = None
     watermark_idle: str | None = None
     description: str | None = None
@@ -162,6 +166,10 @@ class Pipeline:
     def retention_s(self) -> int:
         return parse_duration(self.retention)
 
+    @property
+    def time_bucket_ms(self) -> int:
+        return parse_duration(self.time_bucket) * 1000
+
     def output(self, asset: str) -> WindowedOutput:
         return next(o for o in self.outputs if o.asset == asset)
 
@@ -190,6 +198,8 @@ def _check_pipeline(p: Pipeline) -> None:
         value = getattr(p, name)
         if value is not None:
             checked_duration(value, name, fail)
+    if checked_duration(p.time_bucket, "time_bucket", fail) < 60:
+        fail("time_bucket", f"{p.time_bucket!r}: a bucket is at least a minute (each is a partition of the raw table)")
     if checked_duration(p.retention, "retention", fail) < 3600:
         fail("retention", f"{p.retention!r}: keep versions at least an hour (a window's recompute needs them)")
     if not isinstance(p.max_record_bytes, int) or p.max_record_bytes < 1:

@@ -161,6 +161,11 @@ class IdFilters:
     def seen(self, prints: Fingerprints) -> np.ndarray:
         """Which IDs the table held at `version` in the buckets covered (a boolean per ID), whatever bucket each
         was committed in: an ID's bucket follows its event time, which a producer's retry may have changed."""
+        held = sum(bucket.count for bucket in self.buckets.values())
+        if len(self.buckets) * len(prints) > held:
+            # Many buckets for what they hold (a horizon of hours, each with few IDs; a backfill of a year): one
+            # sort of all their fingerprints costs less than a search of every ID in every bucket.
+            return BucketFilter.of(Fingerprints.concat([b.prints for b in self.buckets.values()])).contains(prints)
         order = np.argsort(prints.first, kind="stable")
         pending, found = prints.take(order), np.zeros(len(prints), dtype=bool)
         for bucket in self.buckets.values():
@@ -174,9 +179,13 @@ class IdFilters:
 
     def add(self, prints: Fingerprints, buckets: np.ndarray) -> None:
         """Add IDs to their buckets' filters."""
-        for bucket in np.unique(buckets):
-            self.buckets.setdefault(int(bucket), BucketFilter()).add(prints.take(buckets == bucket))
-            self.unsaved.add(int(bucket))
+        if not len(buckets):
+            return
+        order = np.argsort(buckets, kind="stable")
+        keys, starts = np.unique(buckets[order], return_index=True)
+        for bucket, part in zip(keys.tolist(), np.split(order, starts[1:]), strict=True):
+            self.buckets.setdefault(bucket, BucketFilter()).add(prints.take(part))
+            self.unsaved.add(bucket)
 
     def drop_below(self, floor_bucket: int | None) -> None:
         """Rolling: buckets below the dedup horizon are never looked up again."""

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pyspark.sql import SparkSession
 
 from onceflow.jobs.declare.declaration import Pipeline
-from onceflow.jobs.delta.raw_table import BUCKET_MS
+from onceflow.jobs.delta.raw_table import bucket_ms
 from onceflow.jobs.delta.staging import remove_abandoned_staging
 from onceflow.jobs.delta.transactions import table_properties
 
@@ -51,7 +51,7 @@ def maintain(
         spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({properties})")
         below = None
         if name == "raw" and horizon_floor_ms is not None:
-            below = horizon_floor_ms // BUCKET_MS
+            below = horizon_floor_ms // bucket_ms(path)
             spark.sql(f"OPTIMIZE delta.`{path}` WHERE time_bucket < {below}")
         _vacuum(spark, path, hours)
         reports.append(MaintenanceReport(name, below, True, remove_abandoned_staging(path, ABANDONED_AFTER_S)))

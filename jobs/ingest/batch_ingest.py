@@ -35,7 +35,6 @@ from onceflow.jobs.dedup.first_records import first_ids, without_ordinals
 from onceflow.jobs.dedup.id_filters import Fingerprints, IdFilters, id_hashes
 from onceflow.jobs.delta.commit_log import ATTEMPT_KEY, own_commit_version
 from onceflow.jobs.delta.raw_table import (
-    BUCKET_MS,
     DEAD_LETTER_SCHEMA,
     bucket_of,
     ensure_raw_table,
@@ -88,7 +87,8 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
                        _ingested_ms=plan.planned_at_ms)
     # Projections are SQL text: each column built in Python costs round trips to the JVM.
     classified = checked.selectExpr(
-        *(quoted(name) for name in checked.columns if name != "attributes"), f"{bucket_of('event_time')} AS time_bucket"
+        *(quoted(name) for name in checked.columns if name != "attributes"),
+        f"{bucket_of('event_time', pipeline.time_bucket_ms)} AS time_bucket",
     )
     raw_columns = (
         "record_id", "event_time", *(quoted(f.name) for f in contract.schema), "payload", "source_position",
@@ -124,7 +124,7 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
         unique_count = firsts.num_rows
         if source.id_filters is None:
             unique = without_ordinals(valid, repeats)
-            written = merge_once(spark, source, plan, unique, source.raw_path, _horizon(plan.horizon_floor_ms),
+            written = merge_once(spark, source, plan, unique, source.raw_path, _horizon(plan.horizon_floor_ms, pipeline.time_bucket_ms),
                                  metadata)
         else:
             written = _merge_with_filters(spark, source, source.id_filters, plan, valid, (firsts, repeats), metadata,
@@ -174,9 +174,9 @@ def rows_to_driver(source: SourceRuntime) -> bool:
     return not has_variant(raw_schema(source.pipeline))
 
 
-def _horizon(horizon_floor_ms: int | None) -> str:
+def _horizon(horizon_floor_ms: int | None, bucket_ms: int) -> str:
     # A constant predicate on the partition column: the MERGE reads only buckets inside the dedup horizon.
-    return "" if horizon_floor_ms is None else f" AND t.time_bucket >= {horizon_floor_ms // BUCKET_MS}"
+    return "" if horizon_floor_ms is None else f" AND t.time_bucket >= {horizon_floor_ms // bucket_ms}"
 
 
 def _merge_with_filters(
@@ -191,7 +191,7 @@ def _merge_with_filters(
     id, makes it fail: then it is decided again against the filters caught up with that commit, and retried.
     """
     ids, repeats = dedup
-    floor = None if plan.horizon_floor_ms is None else plan.horizon_floor_ms // BUCKET_MS
+    floor = None if plan.horizon_floor_ms is None else plan.horizon_floor_ms // source.pipeline.time_bucket_ms
     prints = id_hashes(ids["record_id"])
     transactions = iter([begun])  # the one begun ahead serves the first attempt; a retry starts afresh
     held: list[tuple[IdFilters, np.ndarray]] = []  # the last try's filters, and which IDs they held

@@ -111,15 +111,20 @@ def _every(data_type: T.DataType, values: str, names: itertools.count) -> str | 
     return None if inner is None else f"forall({values}, {element} -> {inner})"
 
 
-def failure(schema: T.StructType) -> str:
-    """SQL: `named_struct(reason, detail)` of a record the conversion flagged: why its payload is not an object, or
-    its first value (in schema order) that is missing, of the wrong type or out of range."""
+def not_an_object() -> str:
+    """SQL: `named_struct(reason, detail)` when `payload` is not a JSON object (`not_json`: not JSON, or JSON of
+    another kind), else NULL."""
     shape = f"from_json(payload, '_corrupt STRING', {OPTIONS})"
-    not_json = (
+    return (
         f"CASE WHEN {shape} IS NULL OR {shape}._corrupt IS NOT NULL THEN named_struct('reason', 'not_json', 'detail', "
         "coalesce('payload is JSON ' || schema_of_variant(try_parse_json(payload)) || ', not an object', "
         "'payload is not JSON')) END"
     )
+
+
+def failure(schema: T.StructType) -> str:
+    """SQL: `named_struct(reason, detail)` of a flagged record whose payload is a JSON object (see `not_an_object`):
+    its first value (in schema order) that is missing, of the wrong type or out of range."""
     names = itertools.count()
     fields = [
         _field(f, f"from_json(payload, '{quoted(f.name)} VARIANT', {OPTIONS}).{quoted(f.name)}", f"'{f.name}'", names)
@@ -127,7 +132,7 @@ def failure(schema: T.StructType) -> str:
     ]
     # Unreachable unless Spark refuses a value that the per-value conversion accepts: never a valid record then.
     unknown = "named_struct('reason', 'wrong_type', 'detail', 'a value Spark''s JSON reader does not convert')"
-    return f"coalesce({', '.join([not_json, *(part for part in fields if part), unknown])})"
+    return f"coalesce({', '.join([*(part for part in fields if part), unknown])})"
 
 
 def _let(value: str, name: str, body: str) -> str:

@@ -32,7 +32,7 @@ from pyspark.sql import types as T
 from onceflow.jobs.declare.record_contract import RecordContract
 from onceflow.jobs.declare.schema import quoted, type_ddl
 from onceflow.jobs.ingest.batch_values import with_batch_values
-from onceflow.jobs.ingest.record_fields import OPTIONS, failure, narrowed, strict, wide
+from onceflow.jobs.ingest.record_fields import OPTIONS, failure, narrowed, not_an_object, strict, wide
 
 FLAGGED = "flagged"
 """The reason `classify` gives a record whose fields failed the conversion or onceflow's stricter checks, until
@@ -82,7 +82,7 @@ def classify(
     # Spark Connect's columns and a classic session's are different objects: each kind is built once.
     for stage in _stages(contract, horizon_floor_ms is not None, connect=not hasattr(landed, "_jdf")):
         df = df.withColumns(stage)
-    internal = {"data", "_rec", "_flag", "_bytes", "_undecoded", "_time_raw", "_verdict", *_BATCH_COLUMNS}
+    internal = {"data", "_rec", "_flag", "_shape", "_bytes", "_undecoded", "_time_raw", "_verdict", *_BATCH_COLUMNS}
     # Naming the verdict's parts and dropping the internal columns is one projection (each costs an analysis),
     # written as SQL text: each column built in Python costs round trips to the JVM.
     kept = [quoted(name) for name in df.columns if name not in internal]
@@ -152,6 +152,8 @@ def _stages(contract: RecordContract, with_floor: bool, connect: bool) -> tuple[
         (F.col("_bytes").isNull(), "lost_in_source",
          F.format_string("records %s were deleted from the source before onceflow read them", "source_position")),
         (F.col("payload").isNull(), "not_json", F.lit("payload is not valid UTF-8")),
+        # A line cut short, the commonest bad record, is told here: only the rest need `explain_flagged`.
+        (F.col("_shape").isNotNull(), F.col("_shape.reason"), F.col("_shape.detail")),
         (F.col("_flag"), FLAGGED, F.lit(None)),  # `explain_flagged` says what failed
         (event_time.isNull() & F.col("_time_raw").isNull(), "missing_event_time", F.lit("no event time")),
         (
@@ -174,7 +176,8 @@ def _stages(contract: RecordContract, with_floor: bool, connect: bool) -> tuple[
          # A dead letter's record as text (see `classify`): the only use of the bytes past here.
          "_undecoded": F.expr("CASE WHEN payload IS NULL THEN base64(data) END")},
         {"_flag": F.expr(_flagged(contract)), **parsed},
-        {"record_id": F.coalesce(id_read, F.col("source_position")), "_time_raw": time_read},
+        {"record_id": F.coalesce(id_read, F.col("source_position")), "_time_raw": time_read,
+         "_shape": F.expr(f"CASE WHEN _flag THEN {not_an_object()} END")},
         {"event_time": F.when(F.col("_time_raw").isNull(), fallback).otherwise(parse_time(F.col("_time_raw")))},
         {"_verdict": verdict},
     )

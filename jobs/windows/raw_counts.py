@@ -5,16 +5,16 @@ from __future__ import annotations
 
 from pyspark.sql import SparkSession
 
-from onceflow.jobs.delta.raw_table import BUCKET_MS
+from onceflow.jobs.delta.raw_table import bucket_ms
 from onceflow.jobs.windows.panes import Window
 
 
-def range_filter(windows: list[Window]) -> str:
+def range_filter(raw_path: str, windows: list[Window]) -> str:
     """Event-time bounds covering all windows, with the time-bucket predicate that prunes raw's partitions."""
-    lo, hi = min(w.start_ms for w in windows), max(w.end_ms for w in windows)
+    lo, hi, width = min(w.start_ms for w in windows), max(w.end_ms for w in windows), bucket_ms(raw_path)
     return (
         f"event_time >= timestamp_millis({lo}) AND event_time < timestamp_millis({hi}) "
-        f"AND time_bucket BETWEEN {lo // BUCKET_MS} AND {(hi - 1) // BUCKET_MS}"
+        f"AND time_bucket BETWEEN {lo // width} AND {(hi - 1) // width}"
     )
 
 
@@ -31,7 +31,7 @@ def rows_per_window(
     rows = spark.sql(
         f"SELECT w.s, count(r.event_time) AS n FROM (VALUES {values}) AS w(s, e, after) "
         f"LEFT JOIN (SELECT event_time, batch_id FROM delta.`{raw_path}` VERSION AS OF {version} "
-        f"WHERE {range_filter(list(after_batch))}) r "
+        f"WHERE {range_filter(raw_path, list(after_batch))}) r "
         "ON r.event_time >= timestamp_millis(w.s) AND r.event_time < timestamp_millis(w.e) AND r.batch_id > w.after "
         "GROUP BY w.s"
     ).collect()
@@ -43,5 +43,5 @@ def rows_before(spark: SparkSession, raw_path: str, version: int, start_ms: int)
     """Rows of raw at `version` whose event time is before `start_ms`."""
     return int(spark.sql(
         f"SELECT count(*) AS n FROM delta.`{raw_path}` VERSION AS OF {version} WHERE event_time < "
-        f"timestamp_millis({start_ms}) AND time_bucket <= {start_ms // BUCKET_MS}"
+        f"timestamp_millis({start_ms}) AND time_bucket <= {start_ms // bucket_ms(raw_path)}"
     ).collect()[0]["n"])

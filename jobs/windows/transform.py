@@ -185,7 +185,7 @@ def pane_frame(
     columns = pinned_columns(raw_path, version, input_schema(pipeline))  # a field added later reads NULL
     records = spark.sql(
         f"SELECT {columns}, floor(unix_millis(event_time) / {size}) * {size} AS _w "
-        f"FROM delta.`{raw_path}` VERSION AS OF {version} WHERE {range_filter([w for w, _, _ in panes])}"
+        f"FROM delta.`{raw_path}` VERSION AS OF {version} WHERE {range_filter(raw_path, [w for w, _, _ in panes])}"
     )
     parts = []
     for window, pane, timing in panes:
