@@ -72,4 +72,3 @@ def ensure_raw_table(raw_path: str, pipeline: Pipeline) -> None:
         _same_buckets.add((raw_path, pipeline.time_bucket_ms))
     # A table made for an earlier declaration gains its new nullable fields; any other change is refused.
     evolve_raw_table(pipeline, raw_path, raw_schema(pipeline))
-

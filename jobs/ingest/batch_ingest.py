@@ -124,8 +124,8 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
         unique_count = firsts.num_rows
         if source.id_filters is None:
             unique = without_ordinals(valid, repeats)
-            written = merge_once(spark, source, plan, unique, source.raw_path, _horizon(plan.horizon_floor_ms, pipeline.time_bucket_ms),
-                                 metadata)
+            horizon = _horizon(plan.horizon_floor_ms, pipeline.time_bucket_ms)
+            written = merge_once(spark, source, plan, unique, source.raw_path, horizon, metadata)
         else:
             written = _merge_with_filters(spark, source, source.id_filters, plan, valid, (firsts, repeats), metadata,
                                           result, begun)
