@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import subprocess
 import threading
 import time
@@ -18,7 +19,7 @@ from pyspark.sql import SparkSession
 
 from onceflow.jobs.declare.declaration import DeclarationError, Pipeline
 from onceflow.jobs.delta.commit_log import committed_batch
-from onceflow.jobs.ingest.micro_batch import run_micro_batch
+from onceflow.jobs.ingest.micro_batch import WIDE_BATCH_BUCKETS, run_micro_batch
 from onceflow.jobs.run_relay import READY_TAG, RELEASED_TAG, stamped
 from onceflow.jobs.sources.reader import SourceRuntime, open_source
 from onceflow.orchestration.workload import Event, expected_raw, make_events
@@ -131,6 +132,27 @@ def test_a_pipeline_bucketed_by_day_finds_repeats_across_buckets_and_keeps_its_w
                                                r"is bucketed by 86400s"):
         run_micro_batch(lambda: spark, hourly)
     assert DeltaTable(source.raw_path).version() == version
+
+
+def test_a_batch_spanning_too_many_time_buckets_says_what_to_declare(
+    spark: SparkSession, incoming: Path, home: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    hour = 3_600_000
+    events = make_events(300, START_MS, 60 * 24 * hour, seed=24, prefix="w")
+    write_jsonl(incoming / "a.jsonl", [e.json_line() for e in events])
+    source = source_for(builtin("events"), home)
+
+    with caplog.at_level(logging.WARNING, logger="onceflow"):
+        (result,) = drain(lambda: spark, source)
+
+    times = [e.event_time_ms for e in events]
+    spanned = max(times) // hour - min(times) // hour + 1
+    assert spanned > WIDE_BATCH_BUCKETS and result.inserted == 300
+    assert [r.getMessage() for r in caplog.records if "time buckets" in r.getMessage()] == [
+        f"events/files batch {result.batch_id}: its records span {spanned} time buckets of 1h, a file written for "
+        "each; a pipeline whose batches span this much event time is faster with a wider `time_bucket` (a table "
+        "keeps its own: declare it for a new one)"
+    ]
 
 
 def test_positional_record_ids_without_an_id_field(spark: SparkSession, incoming: Path, home: Path) -> None:

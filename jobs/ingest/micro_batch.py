@@ -30,6 +30,7 @@ from onceflow.resources.faults import crash_point
 from onceflow.resources.spark_functions import register_spark_functions
 
 log = logging.getLogger("onceflow")
+WIDE_BATCH_BUCKETS = 1000
 
 
 def run_micro_batch(get_spark: Callable[[], SparkSession], source: SourceRuntime) -> IngestResult | None:
@@ -57,10 +58,25 @@ def run_micro_batch(get_spark: Callable[[], SparkSession], source: SourceRuntime
         if result.lost_race:
             log.warning(f"{source.app_id} batch {plan.batch_id}: a concurrent attempt committed it first; this "
                         "run wrote nothing and counts that commit's figures")
+        _warn_if_wide(source, plan.batch_id, result)
         crash_point("ingest.after_merge")
         learnt.result()
         source.checkpoints.update(lambda c: advanced(source, c, plan, result))
     return result
+
+
+def _warn_if_wide(source: SourceRuntime, batch_id: int, result: IngestResult) -> None:
+    """A batch whose records span more than `WIDE_BATCH_BUCKETS` time buckets wrote a file for each (a backfill of
+    months into hourly buckets ran at half the speed of daily ones): say so, and what to declare."""
+    if result.min_event_time_ms is None or result.max_event_time_ms is None:
+        return
+    width = source.pipeline.time_bucket_ms
+    spanned = result.max_event_time_ms // width - result.min_event_time_ms // width + 1
+    if spanned > WIDE_BATCH_BUCKETS:
+        log.warning(f"{source.app_id} batch {batch_id}: its records span {spanned} time buckets of "
+                    f"{source.pipeline.time_bucket}, a file written for each; a pipeline whose batches span this "
+                    "much event time is faster with a wider `time_bucket` (a table keeps its own: declare it for a "
+                    "new one)")
 
 
 def lake_batch(source: SourceRuntime) -> int:
