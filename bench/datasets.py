@@ -101,6 +101,16 @@ START_MS = 1_763_720_000_000
 SPAN_MS = 6 * 3600 * 1000  # six hours of event time: a handful of hourly time buckets, all inside the horizon
 
 
+def write_in_order(directory: Path, keyed: list[tuple[float, str]], files: int) -> None:
+    """Lines by their key (where in the stream each falls), as `files` JSON-lines files of equal length."""
+    keyed.sort(key=lambda pair: pair[0])
+    per_file = math.ceil(len(keyed) / files)
+    directory.mkdir(parents=True, exist_ok=True)
+    for n in range(files):
+        chunk = keyed[n * per_file : (n + 1) * per_file]
+        (directory / f"part-{n:03d}.jsonl").write_text("".join(f"{line}\n" for _, line in chunk))
+
+
 def write_events(directory: Path, events: int, files: int, seed: int = 7) -> Written:
     """The `events` records plus publisher retries, shuffled, as `files` JSON-lines files."""
     stream = with_publisher_retries(make_events(events, START_MS, SPAN_MS, seed=seed), RETRY_FRACTION)

@@ -17,14 +17,13 @@ table is bucketed by day (`Pipeline.time_bucket`), as a user loading a year of h
 
 from __future__ import annotations
 
-import math
 import random
 from importlib.util import find_spec
 from pathlib import Path
 
 import pandas as pd
 
-from bench.datasets import RETRY_FRACTION, Dataset, Written
+from bench.datasets import RETRY_FRACTION, Dataset, Written, write_in_order
 
 SCHEMA = (
     "year INT, month INT, day INT, dep_time DOUBLE, sched_dep_time INT, dep_delay DOUBLE, arr_time DOUBLE, "
@@ -67,12 +66,7 @@ def write(directory: Path, events: int, files: int, seed: int = 13) -> Written:
         position = (k + 0.5) * events / truncated
         line = lines[int(position)]
         keyed.append((position + 0.25, line[: rng.randrange(len(line) // 3, len(line) - 2)]))
-    keyed.sort(key=lambda pair: pair[0])
-    per_file = math.ceil(len(keyed) / files)
-    directory.mkdir(parents=True, exist_ok=True)
-    for n in range(files):
-        chunk = keyed[n * per_file : (n + 1) * per_file]
-        (directory / f"part-{n:03d}.jsonl").write_text("".join(f"{line}\n" for _, line in chunk))
+    write_in_order(directory, keyed, files)
     return Written(len(keyed), events, {"not_json": truncated}, {"retries": len(retries)})
 
 

@@ -16,7 +16,6 @@ minute of jitter), the files hold what real producers send:
 from __future__ import annotations
 
 import json
-import math
 import random
 import uuid
 from collections.abc import Callable
@@ -24,7 +23,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from bench.datasets import RETRY_FRACTION, SPAN_MS, START_MS, Dataset, Written
+from bench.datasets import RETRY_FRACTION, SPAN_MS, START_MS, Dataset, Written, write_in_order
 
 SCHEMA = (
     "user_id STRING NOT NULL, action STRING NOT NULL, page STRING, referrer STRING, amount DECIMAL(18, 2), "
@@ -161,12 +160,7 @@ def write(directory: Path, events: int, files: int, seed: int = 26) -> Written:
         moment = datetime.fromtimestamp((START_MS + position * step) / 1000, UTC)
         keyed.append((position + 0.25, spoil(event(moment, rng, purchase=True), rng)))
         dead_letters[reason] = dead_letters.get(reason, 0) + 1
-    keyed.sort(key=lambda pair: pair[0])
-    per_file = math.ceil(len(keyed) / files)
-    directory.mkdir(parents=True, exist_ok=True)
-    for n in range(files):
-        chunk = keyed[n * per_file : (n + 1) * per_file]
-        (directory / f"part-{n:03d}.jsonl").write_text("".join(f"{line}\n" for _, line in chunk))
+    write_in_order(directory, keyed, files)
     return Written(len(keyed), events, dead_letters, {"retries": len(retries), "redeliveries": len(redeliveries)})
 
 
