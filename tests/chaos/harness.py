@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 
 import dagster as dg
 from deltalake.exceptions import TableNotFoundError
+from pyspark.errors import PySparkRuntimeError
+from pyspark.sql import SparkSession
 
 from onceflow.jobs.declare.declaration import BigQuerySink
 from onceflow.jobs.publish.commit_records import DONE
@@ -203,7 +205,7 @@ def _unpublished(stack: LocalStack, pipelines: list, commits: CommitStore) -> li
 
 def _account(stack: LocalStack, pipelines: list, report: ChaosReport, sent: dict) -> None:
     """Compare the end state with what was sent, with independent readers."""
-    spark = build_spark_session(remote=stack.spark_remote)  # a local session on the classic path
+    spark = _accounting_session(stack.spark_remote)
     for pipeline in pipelines:
         valid, malformed = sent[pipeline.name]
         report.records += len(valid)
@@ -220,6 +222,19 @@ def _account(stack: LocalStack, pipelines: list, report: ChaosReport, sent: dict
         for asset, rows in outputs.items():
             print(f"{pipeline.name} {asset}\n{render(rows)}", flush=True)
             report.problems += [f"{asset} {r.window}: does not reconcile ({r})" for r in rows if not r.ok]
+
+
+def _accounting_session(remote: str | None, attempts: int = 3) -> SparkSession:
+    """The account's Spark session (a local one on the classic path). Its JVM once exited before it started, in CI
+    at the end of a run that kept the machine busy: the account is the judge, not what is judged, so a start that
+    fails is said and tried again."""
+    for _ in range(attempts - 1):
+        try:
+            return build_spark_session(remote=remote)
+        except PySparkRuntimeError as error:
+            _say(f"the account's Spark session did not start ({error}); trying again in 10s")
+            time.sleep(10)
+    return build_spark_session(remote=remote)
 
 
 def _operator_views(pipelines: list) -> list[str]:

@@ -39,7 +39,7 @@ def test_exactly_once_under_overlapping_faults(engine_path: str) -> None:
     )
     print(run.stdout[-6000:])
     summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else ""
-    assert run.returncode == 0, f"{summary}\n{run.stdout[-4000:]}\n{run.stderr[-3000:]}"
+    assert run.returncode == 0, f"{summary}\n{run.stdout[-4000:]}\n{run.stderr[-12000:]}"
     found = re.search(rf"chaos seed {seed} on the {engine_path} engine path, local profile: (\d+) faults .* "
                       r"\((\d+) records, \d+ malformed\).* lost 0, duplicated 0; 0 other problems", summary)
     assert found, summary
