@@ -12,7 +12,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from onceflow.jobs.declare.record_contract import RecordContract
 from onceflow.jobs.declare.schema import parse_schema
-from onceflow.jobs.ingest.validation import FLAGGED, classify, explain_flagged
+from onceflow.jobs.ingest.validation import FLAGGED, _explanation, classify, explain_flagged
 
 AT_MS = 1_795_000_000_000
 OK = None
@@ -108,6 +108,29 @@ def test_a_json_value_is_read_as_spark_reads_it_or_refused_with_its_path(spark: 
     assert [(reason, detail and detail.split(" ")[0], None if reason else typed) for reason, detail, typed in got] == (
         expected
     )
+
+
+@pytest.mark.engine_paths
+def test_flagged_records_are_explained_as_a_spark_job_explains_them(spark: SparkSession) -> None:
+    """A classic session explains flagged records on its driver (`LocalProjection`): it must say, for every case
+    above, exactly what a Spark job over the same records says (over Spark Connect, the job is the explanation)."""
+    declared = list(CASES)
+    schema = ", ".join(f"f{k} {kind}" for k, kind in enumerate(declared))
+    lines = [json.dumps({"id": f"r{k}-{i}", "at": AT_MS - i, f"f{k}": "VALUE"}).replace('"VALUE"', value)
+             for k, kind in enumerate(declared) for i, (value, refused) in enumerate(CASES[kind]) if refused]
+    contract = RecordContract(schema=parse_schema(schema), max_record_bytes=10_000, max_clock_skew_ms=3_600_000,
+                              id_field="id", time_field="at")
+    out = classify(_landed(spark, lines), contract, AT_MS, None, batch_id=1).selectExpr(
+        "ordinal", "reason", "detail", "raw", "record_id", "event_time").toArrow().sort_by("ordinal")
+    assert set(out["reason"].to_pylist()) == {FLAGGED}
+    got = explain_flagged(spark, contract, out)
+    asked = out.select(["raw", "record_id", "event_time", "ordinal"]).rename_columns(
+        ["payload", "record_id", "event_time", "_i"])
+    connect = not hasattr(spark, "_jsparkSession")
+    job = spark.createDataFrame(asked).select(*_explanation(contract, connect)).toArrow().sort_by("_i")
+    columns = ("reason", "detail", "record_id", "event_time")
+    assert [got[c].to_pylist() for c in columns] == [job[c].to_pylist() for c in columns]
+    assert len(lines) > 40 and None not in got["detail"].to_pylist()
 
 
 @pytest.mark.engine_paths

@@ -1,0 +1,97 @@
+package io.onceflow;
+
+import com.fasterxml.jackson.databind.ObjectMapper;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.TreeMap;
+import org.apache.spark.sql.catalyst.InternalRow;
+import org.apache.spark.sql.catalyst.expressions.Attribute;
+import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
+import org.apache.spark.sql.catalyst.expressions.MutableProjection;
+import org.apache.spark.sql.catalyst.plans.logical.LogicalPlan;
+import org.apache.spark.sql.catalyst.plans.logical.Project;
+import org.apache.spark.sql.classic.Dataset;
+import org.apache.spark.sql.classic.SparkSession;
+import org.apache.spark.sql.types.DataType;
+import org.apache.spark.sql.types.DataTypes;
+import org.apache.spark.unsafe.types.UTF8String;
+import scala.jdk.javaapi.CollectionConverters;
+
+/**
+ * A DataFrame's projection, analyzed and optimized once, then evaluated on the driver over a few rows at a time
+ * without a Spark job: Spark's own interpreted evaluation of the very expressions its job would run (its
+ * optimizer does the same to a projection over rows it holds, `ConvertToLocalRelation`).
+ *
+ * <p>The template is a projection over a leaf of STRING, TIMESTAMP and BIGINT columns; rows come in and go out
+ * as JSON arrays, a column each (a TIMESTAMP as microseconds since the epoch), so one call crosses Py4J once.
+ */
+public final class LocalProjection {
+  private static final ObjectMapper JSON = new ObjectMapper();
+  private final SparkSession session;
+  private final MutableProjection projection;
+  private final DataType[] inputTypes;
+  private final DataType[] outputTypes;
+
+  public LocalProjection(Dataset<?> template) {
+    LogicalPlan plan = template.queryExecution().optimizedPlan();
+    if (!(plan instanceof Project)) {
+      throw new IllegalArgumentException("not a projection over its input: " + plan.getClass().getSimpleName());
+    }
+    Project project = (Project) plan;
+    List<Attribute> input = CollectionConverters.asJava(project.child().output());
+    session = template.sparkSession();
+    projection = MutableProjection.create((scala.collection.immutable.Seq) project.projectList(),
+        project.child().output());
+    projection.initialize(0);
+    inputTypes = input.stream().map(Attribute::dataType).toArray(DataType[]::new);
+    outputTypes = CollectionConverters.asJava(project.output()).stream().map(Attribute::dataType)
+        .toArray(DataType[]::new);
+    for (DataType[] types : new DataType[][] {inputTypes, outputTypes}) {
+      for (DataType type : types) {
+        if (!type.equals(DataTypes.StringType) && !type.equals(DataTypes.TimestampType)
+            && !type.equals(DataTypes.LongType)) {
+          throw new IllegalArgumentException("a column of type " + type.simpleString());
+        }
+      }
+    }
+  }
+
+  /**
+   * The session's settings, as one text: a projection was optimized under the settings it was built with (some
+   * expressions read one then, such as `spark.sql.json.enablePartialResults`), so another text needs another.
+   */
+  public static String settings(SparkSession session) {
+    return new TreeMap<>(CollectionConverters.asJava(session.conf().getAll())).toString();
+  }
+
+  /** The projection of `columnsJson` (the input's columns, a JSON array of each), as the output's columns. */
+  public synchronized String apply(String columnsJson) throws Exception {
+    // The session's settings (its time zone, ANSI mode) govern evaluation on this thread as in its jobs.
+    SparkSession.setActiveSession(session);
+    List<List<Object>> columns = JSON.readValue(columnsJson, List.class);
+    int rows = columns.isEmpty() ? 0 : columns.get(0).size();
+    List<List<Object>> out = new ArrayList<>();
+    for (int j = 0; j < outputTypes.length; j++) {
+      out.add(new ArrayList<>(rows));
+    }
+    Object[] values = new Object[inputTypes.length];
+    for (int i = 0; i < rows; i++) {
+      for (int j = 0; j < inputTypes.length; j++) {
+        values[j] = internal(inputTypes[j], columns.get(j).get(i));
+      }
+      InternalRow row = projection.apply(new GenericInternalRow(values));
+      for (int j = 0; j < outputTypes.length; j++) {
+        out.get(j).add(row.isNullAt(j) ? null
+            : outputTypes[j].equals(DataTypes.StringType) ? row.getUTF8String(j).toString() : row.getLong(j));
+      }
+    }
+    return JSON.writeValueAsString(out);
+  }
+
+  private static Object internal(DataType type, Object value) {
+    if (value == null) {
+      return null;
+    }
+    return type.equals(DataTypes.StringType) ? UTF8String.fromString((String) value) : ((Number) value).longValue();
+  }
+}

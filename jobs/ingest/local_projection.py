@@ -1,0 +1,52 @@
+"""A DataFrame's projection evaluated on a classic session's driver over an Arrow table, without a Spark job.
+
+For a few rows through large expressions, the job is nearly all overhead: analysing and optimizing the
+expressions again, planning, scheduling. `LocalProjection` (Java, beside this file) does the analysis and the
+optimization once, on a template, and then evaluates the optimized expressions row by row with Spark's own
+interpreted evaluation: the same expressions, with the same semantics, that the job would run.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+from pyspark.sql import Column, SparkSession
+from pyspark.sql import types as T
+
+_MICROS = pa.timestamp("us", tz="UTC")
+
+
+class LocalProjection:
+    """`columns` (STRING, TIMESTAMP or BIGINT each) selected from rows of `schema` (columns of those types), to
+    evaluate on the driver of the classic session `spark` over tables of that schema."""
+
+    def __init__(self, spark: SparkSession, schema: T.StructType, columns: tuple[Column, ...]) -> None:
+        # Over rows Spark cannot see (an empty RDD), the optimizer keeps the projection instead of evaluating it.
+        template = spark.createDataFrame(spark.sparkContext.emptyRDD(), schema).select(*columns)
+        self._java = spark._jvm.io.onceflow.LocalProjection(template._jdf)
+        self._output = [(f.name, f.dataType.simpleString()) for f in template.schema]
+
+    @staticmethod
+    def settings(spark: SparkSession) -> str:
+        """The classic session `spark`'s settings as one text: a projection is built for one text (it is optimized
+        under them, and some expressions read a setting then: `spark.sql.json.enablePartialResults`)."""
+        return spark._jvm.io.onceflow.LocalProjection.settings(spark._jsparkSession)
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        """The projection of `table` (the input's columns, in order), one row for each of its rows."""
+        columns = [_plain(column) for column in table.columns]
+        out = json.loads(self._java.apply(json.dumps(columns)))
+        return pa.table({name: _arrow(values, kind) for (name, kind), values in zip(self._output, out, strict=True)})
+
+
+def _plain(column: pa.ChunkedArray) -> list:
+    if pa.types.is_timestamp(column.type):  # as the microseconds a TIMESTAMP holds
+        return column.cast(_MICROS).cast(pa.int64()).to_pylist()
+    return column.to_pylist()
+
+
+def _arrow(values: list, kind: str) -> pa.Array:
+    if kind == "timestamp":
+        return pa.array(values, pa.int64()).cast(_MICROS)
+    return pa.array(values, pa.int64() if kind == "bigint" else pa.string())
