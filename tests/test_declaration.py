@@ -51,13 +51,15 @@ def orders(**changes) -> Pipeline:
         ({"schema": "customer STRNG"}, "pipeline 'orders': schema: field 'customer': unknown type 'STRNG'"),
         ({"schema": "amount DECIMAL(40, 2)"}, "schema: field 'amount': DECIMAL(40, 2) needs"),
         ({"schema": "a INT, a STRING"}, "schema: field 'a' is declared twice"),
-        ({"schema": "record_id STRING"}, "schema: field 'record_id' is a column onceflow adds itself"),
+        ({"schema": "record_id STRING"}, "schema: field 'record_id' is a column name onceflow uses itself"),
+        ({"schema": "data STRUCT<a: INT>"}, "schema: field 'data' is a column name onceflow uses itself"),
+        ({"schema": "reason STRING"}, "schema: field 'reason' is a column name onceflow uses itself"),
         ({"schema": "blob BINARY"}, "BINARY cannot come from JSON"),
         ({"schema": "Amount DECIMAL(18,2), amount DECIMAL(18,2)"},
          "pipeline 'orders': schema: fields 'Amount' and 'amount' differ only in case"),
         ({"schema": "s STRUCT<id: INT, ID: STRING>"}, "schema: fields 'id' and 'ID' of field 's' differ only in case"),
         ({"schema": "s STRUCT<id: INT, id: STRING>"}, "schema: field 'id' of field 's' is declared twice"),
-        ({"schema": "Record_ID STRING"}, "schema: field 'Record_ID' is a column onceflow adds itself"),
+        ({"schema": "Record_ID STRING"}, "schema: field 'Record_ID' is a column name onceflow uses itself"),
         ({"schema": "`a.b` STRING"}, "schema: field name 'a.b': use letters, digits and '_' (not starting with a "
                                      "digit); a JSON key spelled otherwise is not a column, it stays in `payload`"),
         ({"schema": "`it's` STRING"}, "schema: field name \"it's\": use letters"),
@@ -100,7 +102,7 @@ def orders(**changes) -> Pipeline:
          "source.options['group.id']: onceflow sets 'group.id' itself"),
         ({"source": KafkaSource(bootstrap_servers="b:9092", topic="o", max_records=0)}, "source.max_records: 0 must"),
         ({"source": KafkaSource(bootstrap_servers="b:9092", topic="o"), "schema": "kafka_key STRING"},
-         "schema: field 'kafka_key' is a column onceflow adds itself"),
+         "schema: field 'kafka_key' is a column name onceflow uses itself"),
     ],
 )
 def test_a_declaration_mistake_names_the_pipeline_and_the_field(changes: dict, message: str) -> None:

@@ -37,6 +37,9 @@ LATE_POLICIES = ("drop", "refire")
 RAW_BOOKKEEPING = ("record_id", "event_time", "payload", "source_position", "publish_time", "batch_id",
                    "ingested_at", "time_bucket")
 """Columns onceflow adds to the raw table; a schema field cannot have these names."""
+INGEST_COLUMNS = ("ordinal", "attributes", "data", "reason", "detail", "raw", "t")
+"""Columns a batch carries beside a record's fields while it is validated and deduplicated; a schema field with
+one of these names would be mistaken for it (its values lost or taken for onceflow's), so it cannot have them."""
 WINDOW_BOOKKEEPING = ("window_start", "window_end", "raw_version", "pane", "timing")
 """Columns onceflow adds to a window table; a transform cannot output these names."""
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
@@ -188,10 +191,10 @@ def _check_pipeline(p: Pipeline) -> None:
     except SchemaError as error:
         fail("schema", str(error))
     # A source may keep more of a record than the common columns (Kafka: its key and headers).
-    reserved = (*RAW_BOOKKEEPING, *p.source.bookkeeping.names)
+    reserved = (*RAW_BOOKKEEPING, *p.source.bookkeeping.names, *INGEST_COLUMNS)
     for f in fields:
         if f.name.lower() in reserved:
-            fail("schema", f"field {f.name!r} is a column onceflow adds itself ({', '.join(reserved)})")
+            fail("schema", f"field {f.name!r} is a column name onceflow uses itself ({', '.join(reserved)})")
     if p.delivery not in DELIVERY_MODES:
         fail("delivery", f"{p.delivery!r} is not a delivery mode: use {' or '.join(map(repr, DELIVERY_MODES))}")
     for name in ("dedup_horizon", "max_clock_skew", "retention", "watermark_band", "watermark_idle"):
