@@ -27,6 +27,7 @@ import scala.jdk.javaapi.CollectionConverters;
  */
 public final class LocalProjection {
   private static final ObjectMapper JSON = new ObjectMapper();
+  private static final int PART = 3000;
   private final SparkSession session;
   private final MutableProjection projection;
   private final DataType[] inputTypes;
@@ -64,8 +65,12 @@ public final class LocalProjection {
     return new TreeMap<>(CollectionConverters.asJava(session.conf().getAll())).toString();
   }
 
-  /** The projection of `columnsJson` (the input's columns, a JSON array of each), as the output's columns. */
-  public synchronized String apply(String columnsJson) throws Exception {
+  /**
+   * The projection of `columnsJson` (the input's columns, a JSON array of each), as the output's columns, in parts
+   * small enough for one Py4J reply each: a reply over Py4J's 8 KiB buffer goes out in two writes, and the second
+   * waits for the first's delayed acknowledgement (40 ms).
+   */
+  public synchronized String[] apply(String columnsJson) throws Exception {
     // The session's settings (its time zone, ANSI mode) govern evaluation on this thread as in its jobs.
     SparkSession.setActiveSession(session);
     List<List<Object>> columns = JSON.readValue(columnsJson, List.class);
@@ -85,7 +90,13 @@ public final class LocalProjection {
             : outputTypes[j].equals(DataTypes.StringType) ? row.getUTF8String(j).toString() : row.getLong(j));
       }
     }
-    return JSON.writeValueAsString(out);
+    String text = JSON.writeValueAsString(out);
+    // Py4J escapes some characters of a reply, so a part of 3,000 characters stays under its buffer.
+    String[] parts = new String[(text.length() + PART - 1) / PART];
+    for (int i = 0; i < parts.length; i++) {
+      parts[i] = text.substring(i * PART, Math.min(text.length(), (i + 1) * PART));
+    }
+    return parts;
   }
 
   private static Object internal(DataType type, Object value) {

@@ -36,7 +36,8 @@ class LocalProjection:
     def __call__(self, table: pa.Table) -> pa.Table:
         """The projection of `table` (the input's columns, in order), one row for each of its rows."""
         columns = [_plain(column) for column in table.columns]
-        out = json.loads(self._java.apply(json.dumps(columns)))
+        parts = self._java.apply(json.dumps(columns))  # each small enough for one Py4J reply without a stall
+        out = json.loads("".join(parts[i] for i in range(len(parts))))
         return pa.table({name: _arrow(values, kind) for (name, kind), values in zip(self._output, out, strict=True)})
 
 

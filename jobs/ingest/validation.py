@@ -102,7 +102,7 @@ def explain_flagged(spark: SparkSession, contract: RecordContract, rows: pa.Tabl
     Only when there are some, and over the flagged records' payloads only: in the batch's own plan, those
     expressions cost every batch a tenth of a second to analyze, and a copy of each of its rows (Spark does not
     compile them into its stage), whether or not a record was flagged. On a classic session they are evaluated on
-    the driver (`LocalProjection`; 40 ms for a realistic batch's 190 flagged records, where a Spark job took 170 ms,
+    the driver (`LocalProjection`; 30 ms for a realistic batch's 190 flagged records, where a Spark job took 170 ms,
     nearly all of it analysing and planning them again); over Spark Connect, by a second Spark job."""
     mask = pc.fill_null(pc.equal(rows["reason"], FLAGGED), False).combine_chunks()
     if not pc.any(mask).as_py():
