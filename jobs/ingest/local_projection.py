@@ -29,8 +29,8 @@ class LocalProjection:
 
     @staticmethod
     def settings(spark: SparkSession) -> str:
-        """The classic session `spark`'s settings as one text: a projection is built for one text (it is optimized
-        under them, and some expressions read a setting then: `spark.sql.json.enablePartialResults`)."""
+        """A digest of the classic session `spark`'s settings: a projection is built for one set of them (it is
+        optimized under them, and some expressions read a setting then: `spark.sql.json.enablePartialResults`)."""
         return spark._jvm.io.onceflow.LocalProjection.settings(spark._jsparkSession)
 
     def __call__(self, table: pa.Table) -> pa.Table:

@@ -113,7 +113,7 @@ def explain_flagged(spark: SparkSession, contract: RecordContract, rows: pa.Tabl
     if hasattr(spark, "_jsparkSession"):
         explained = _local_explanation(spark, contract, LocalProjection.settings(spark))(asked)
     else:
-        explained = spark.createDataFrame(asked).select(*_explanation(contract, True)).toArrow().sort_by("_i")
+        explained = spark.createDataFrame(asked).select(*_explanation(contract, connect=True)).toArrow().sort_by("_i")
     for name in ("reason", "detail", "record_id", "event_time"):
         at = rows.schema.get_field_index(name)
         kind = rows.schema.field(at).type
