@@ -24,7 +24,8 @@ from pyspark.sql import types as T
 
 from onceflow.resources.maven_jars import jar_cache_dir
 
-# Installed or in a checkout, `jobs` sits beside `resources`; each stage keeps its own Java beside its Python.
+# Installed or in a checkout, `jobs` sits beside `resources`; each stage keeps its own Java beside its Python, and
+# the session's own (`Py4JNoDelay`) is here.
 SOURCES = Path(__file__).resolve().parent.parent / "jobs"
 
 
@@ -61,7 +62,7 @@ def register_spark_functions(spark: SparkSession) -> None:
 
 def ensure_spark_functions_jar(cache_dir: Path | None = None) -> Path:
     """Return the path of the jar of onceflow's Spark functions, building it first if it is not cached."""
-    sources = sorted(SOURCES.glob("*/*.java"))
+    sources = sorted([*SOURCES.glob("*/*.java"), *Path(__file__).resolve().parent.glob("*.java")])
     digest = hashlib.sha256(pyspark.__version__.encode())
     for source in sources:
         digest.update(source.name.encode() + b"\0" + source.read_bytes())

@@ -12,6 +12,7 @@ from pyspark.sql import types as T
 
 from onceflow.jobs.dedup.first_records import without_ordinals
 from onceflow.resources import spark_functions
+from onceflow.resources.spark import build_spark_session
 from onceflow.resources.spark_functions import (
     JavaCompilerMissingError,
     SparkFunctionsMissingError,
@@ -25,7 +26,8 @@ def test_the_jar_is_built_once_and_rebuilt_when_a_source_changes(
 ) -> None:
     jar = ensure_spark_functions_jar(tmp_path)
 
-    assert {"io/onceflow/LineOffsets.class", "io/onceflow/NotAmong.class"} <= set(zipfile.ZipFile(jar).namelist())
+    assert {"io/onceflow/LineOffsets.class", "io/onceflow/NotAmong.class", "io/onceflow/LocalProjection.class",
+            "io/onceflow/Py4JNoDelay.class"} <= set(zipfile.ZipFile(jar).namelist())
     built_at = jar.stat().st_mtime_ns
     assert ensure_spark_functions_jar(tmp_path) == jar and jar.stat().st_mtime_ns == built_at
     assert [p.name for p in (tmp_path / "onceflow").iterdir()] == [jar.name]  # no work files left behind
@@ -48,6 +50,17 @@ def test_a_machine_without_javac_gets_an_error_that_says_what_to_install(
 
     with pytest.raises(JavaCompilerMissingError, match="install a JDK 17"):
         ensure_spark_functions_jar(tmp_path / "cache")
+
+
+@pytest.mark.engine_paths
+def test_a_classic_session_sends_py4j_replies_without_waiting_for_an_ack(spark: SparkSession) -> None:
+    """Nagle's algorithm is off on every Py4J connection of a classic session's JVM (`Py4JNoDelay`) once a process
+    gets its session (`build_spark_session`, as a run does): nothing is left to turn off after it (a JVM that hid
+    the connections would say -1)."""
+    if not hasattr(spark, "_jsparkSession"):
+        pytest.skip("a Spark Connect client talks gRPC to its server, not Py4J")
+    session = build_spark_session()  # the running session, as a run's process gets it
+    assert session._jvm.io.onceflow.Py4JNoDelay.apply() == 0
 
 
 def test_without_ordinals_drops_exactly_the_rows_at_those_ordinals(spark: SparkSession) -> None:

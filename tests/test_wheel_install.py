@@ -83,8 +83,11 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_wheel_holds_one_import_name_and_the_java_of_its_stages(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {"onceflow", wheel.name.split("-")[0] + "-0.1.0.dist-info"}
-    assert {"onceflow/jobs/dedup/NotAmong.java", "onceflow/jobs/sources/LineOffsets.java",
-            "onceflow/orchestration/definitions.py"} <= set(names)
+    # Every Java source of the checkout: the jar of onceflow's Spark functions is compiled from them where it runs.
+    java = {f"onceflow/{path.relative_to(REPO).as_posix()}" for path in
+            [*REPO.glob("jobs/*/*.java"), *REPO.glob("resources/*.java")]}
+    assert {"onceflow/jobs/ingest/LocalProjection.java", "onceflow/resources/Py4JNoDelay.java"} <= java
+    assert {*java, "onceflow/orchestration/definitions.py"} <= set(names)
     entry_points = zipfile.ZipFile(wheel).read("onceflow-0.1.0.dist-info/entry_points.txt").decode()
     assert "onceflow = onceflow.orchestration.cli.main:main" in entry_points
 
