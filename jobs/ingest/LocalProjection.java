@@ -74,7 +74,8 @@ public final class LocalProjection {
   /**
    * The projection of `columnsJson` (the input's columns, a JSON array of each), as the output's columns, in parts
    * small enough for one Py4J reply each: a reply over Py4J's 8 KiB buffer goes out in two writes, and the second
-   * waits for the first's delayed acknowledgement (40 ms).
+   * waits for the first's delayed acknowledgement (40 ms) wherever Nagle's algorithm is still on (`Py4JNoDelay`
+   * cannot turn it off on a JDK that hides a thread's connection).
    */
   public synchronized String[] apply(String columnsJson) throws Exception {
     // The session's settings (its time zone, ANSI mode) govern evaluation on this thread as in its jobs.
