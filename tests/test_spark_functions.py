@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -11,14 +15,15 @@ from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
 from onceflow.jobs.dedup.first_records import without_ordinals
+from onceflow.orchestration.local_stack import PROJECT_ROOT
 from onceflow.resources import spark_functions
-from onceflow.resources.spark import build_spark_session
 from onceflow.resources.spark_functions import (
     JavaCompilerMissingError,
     SparkFunctionsMissingError,
     ensure_spark_functions_jar,
     register_spark_functions,
 )
+from tests.conftest import require
 
 
 def test_the_jar_is_built_once_and_rebuilt_when_a_source_changes(
@@ -52,15 +57,19 @@ def test_a_machine_without_javac_gets_an_error_that_says_what_to_install(
         ensure_spark_functions_jar(tmp_path / "cache")
 
 
-@pytest.mark.engine_paths
-def test_a_classic_session_sends_py4j_replies_without_waiting_for_an_ack(spark: SparkSession) -> None:
+def test_a_classic_session_sends_py4j_replies_without_waiting_for_an_ack() -> None:
     """Nagle's algorithm is off on every Py4J connection of a classic session's JVM (`Py4JNoDelay`) once a process
     gets its session (`build_spark_session`, as a run does): nothing is left to turn off after it (a JVM that hid
-    the connections would say -1)."""
-    if not hasattr(spark, "_jsparkSession"):
-        pytest.skip("a Spark Connect client talks gRPC to its server, not Py4J")
-    session = build_spark_session()  # the running session, as a run's process gets it
-    assert session._jvm.io.onceflow.Py4JNoDelay.apply() == 0
+    the connections would say -1). In a process of its own: a process holds one kind of session."""
+    require(shutil.which("java") is not None, "Java 17")
+    script = ("from onceflow.resources.spark import build_spark_session\n"
+              "print(build_spark_session()._jvm.io.onceflow.Py4JNoDelay.apply())")
+    env = {k: v for k, v in os.environ.items() if k not in ("ONCEFLOW_SPARK_REMOTE", "SPARK_REMOTE",
+                                                            "SPARK_CONNECT_MODE_ENABLED")}
+    run = subprocess.run([sys.executable, "-c", script], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip().splitlines()[-1] == "0", run.stdout[-2000:]  # after the JVM's own log lines
 
 
 def test_without_ordinals_drops_exactly_the_rows_at_those_ordinals(spark: SparkSession) -> None:
