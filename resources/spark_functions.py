@@ -1,4 +1,5 @@
-"""onceflow's own Spark functions (Java beside the Python of the stages under `jobs/` that use them), compiled into a jar once a machine.
+"""onceflow's own Java for Spark (beside the Python of the stages under `jobs/` that use it, and the session's own
+here in `resources/`), compiled into a jar once a machine.
 
 The jar is cached beside the Delta jars, named by a hash of its sources and of the Spark it is compiled against, so
 a changed source or a new Spark builds a new jar and a checkout never runs another checkout's classes. It is
