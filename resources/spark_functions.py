@@ -30,7 +30,10 @@ from onceflow.resources.maven_jars import jar_cache_dir
 SOURCES = Path(__file__).resolve().parent.parent / "jobs"
 
 
-SQL_FUNCTIONS = {"onceflow_not_among": ("io.onceflow.NotAmong", T.BooleanType())}
+SQL_FUNCTIONS = {
+    "onceflow_not_among": ("io.onceflow.NotAmong", T.BooleanType()),
+    "onceflow_line_offset": ("io.onceflow.LineOffsets", T.LongType()),
+}
 """onceflow's SQL functions: name → (Java class in the jar, result type)."""
 
 

@@ -32,7 +32,7 @@ class UnlistedFileError(RuntimeError):
 
 def _file_lines(spark: SparkSession, paths: list[str]) -> DataFrame:
     """Every line of the files at `paths` in one scan, with the index of its file in `paths` (`file`) and its byte
-    offset in that file (`offset`, as a string)."""
+    offset in that file (`offset`)."""
     # lineSep "\n" keeps a CR in the line (so byte offsets add up); the text source keeps the bytes undecoded.
     lines = spark.read.option("lineSep", "\n").text(paths)
     # Spark names a line's file by a URI of its own spelling (some characters escaped): the one it listed, where
@@ -50,17 +50,17 @@ def _file_lines(spark: SparkSession, paths: list[str]) -> DataFrame:
         " AS INT) AS file",
         "_metadata.file_block_start AS block",
     )
-    # Two projections: `reflect` evaluates its arguments without generated code, so they are columns made before.
     return located.selectExpr("value", "file", f"{_line_offsets(uris)} AS offset")
 
 
 def _line_offsets(uris: list[str]) -> str:
-    """SQL for the byte offset in its file (as a string) of each line of a text scan of the files Spark listed as
-    `uris` (columns `value`, `file` and `block`, the start of the line's file split): summed as the lines are read,
-    by `io.onceflow.LineOffsets` (`LineOffsets.java`, beside this module), which every onceflow Spark session and engine loads."""
+    """SQL for the byte offset in its file of each line of a text scan of the files Spark listed as `uris` (columns
+    `value`, `file` and `block`, the start of the line's file split): summed as the lines are read, by
+    `onceflow_line_offset` (`LineOffsets.java`, beside this module; registered by
+    `onceflow.resources.spark_functions`)."""
     # The URI is needed (and made) only where a split starts inside a file; the executor opens it as its scan did.
     uri = f"CASE WHEN block > 0 THEN element_at({sql_strings(uris)}, file + 1) END"
-    return f"reflect('io.onceflow.LineOffsets', 'offset', file, block, CAST(octet_length(value) + 1 AS INT), {uri})"
+    return f"onceflow_line_offset(file, block, CAST(octet_length(value) + 1 AS INT), {uri}, monotonically_increasing_id())"
 
 
 class FileReader:
@@ -100,7 +100,7 @@ class FileReader:
         relative = f"element_at({sql_strings(entry.path for entry in plan.files)}, file + 1)"
         # SQL text: each column built in Python costs round trips to the JVM.
         return lines.filter(r"NOT value RLIKE '^[ \\t\\r\\x0B\\f]*$'").selectExpr(
-            f"CAST(file AS BIGINT) * {STREAM_STRIDE} + CAST(offset AS BIGINT) AS ordinal",  # a stream per file
+            f"CAST(file AS BIGINT) * {STREAM_STRIDE} + offset AS ordinal",  # a stream per file
             f"concat({relative}, ':', offset) AS source_position",
             "CAST(NULL AS TIMESTAMP) AS publish_time",
             "CAST(NULL AS MAP<STRING, STRING>) AS attributes",
