@@ -157,15 +157,25 @@ def test_a_record_is_read_by_spark_rules_where_json_leaves_them_open(spark: Spar
 
 
 @pytest.mark.engine_paths
-def test_a_line_that_is_no_json_object_is_told_in_the_batch_without_a_second_job(spark: SparkSession) -> None:
-    """The commonest bad line, one cut short, costs no `explain_flagged` job: `classify` names it."""
+def test_a_line_that_is_no_json_object_is_flagged_in_the_batch_and_named_not_json_after(spark: SparkSession) -> None:
+    """A line that is not a JSON object (the commonest bad line, one cut short) is only flagged in the batch's plan
+    (asking whether it is an object there is a second `from_json`, which Spark does not compile into the stage);
+    `explain_flagged` names it `not_json`, with what the payload is; such a record's ID is its position (a payload
+    that is not JSON has no fields)."""
     contract = RecordContract(schema=parse_schema("f STRING, d DOUBLE"), max_record_bytes=10_000,
-                              max_clock_skew_ms=3_600_000, time_field="at")
-    lines = [_stamped('{"f": "x", "d": 1.5}')[:-9], '["f"]', _stamped('{"f": "x", "d": "y"}')]
-    got = classify(_landed(spark, lines), contract, AT_MS, None, batch_id=1).orderBy("ordinal").toArrow()
-    assert list(zip(got["reason"].to_pylist(), got["detail"].to_pylist(), strict=True)) == [
-        ("not_json", "payload is not JSON"), ("not_json", "payload is JSON ARRAY<STRING>, not an object"),
-        (FLAGGED, None),
+                              max_clock_skew_ms=3_600_000, id_field="id", time_field="at")
+    lines = [_stamped('{"id": "e-1", "f": "x", "d": 1.5}')[:-9], '["f"]', _stamped('{"f": "x", "d": "y"}'),
+             _stamped('{"id": "e-4", "f": "x"}')]
+    classified = classify(_landed(spark, lines), contract, AT_MS, None, batch_id=1).orderBy("ordinal").selectExpr(
+        "ordinal", "reason", "detail", "raw", "record_id", "event_time").toArrow()
+    assert classified["reason"].to_pylist() == [FLAGGED, FLAGGED, FLAGGED, None]
+    got = explain_flagged(spark, contract, classified)
+    assert list(zip(got["reason"].to_pylist(), got["detail"].to_pylist(), got["record_id"].to_pylist(),
+                    strict=True)) == [
+        ("not_json", "payload is not JSON", "f.jsonl:0"),
+        ("not_json", "payload is JSON ARRAY<STRING>, not an object", "f.jsonl:1"),
+        ("wrong_type", "`d` is STRING \"y\", not DOUBLE", "f.jsonl:2"),
+        (None, None, "e-4"),
     ]
 
 

@@ -9,7 +9,7 @@ Spark reads it: epoch milliseconds land there), a null in a NOT NULL field of a 
 NULL). Those types are read one size wider, checked, then narrowed.
 
 Which value failed and why (`wrong_type`, `out_of_range`, `missing_field`, with its path, `items[2].price`) is
-worked out only for the records that failed, in a second small Spark job over them alone
+worked out only for the records that failed, over them alone
 (`onceflow.jobs.ingest.validation.explain_flagged`), from each value as a VARIANT, converted again on its own.
 """
 

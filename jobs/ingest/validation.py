@@ -83,7 +83,7 @@ def classify(
     # Spark Connect's columns and a classic session's are different objects: each kind is built once.
     for stage in _stages(contract, horizon_floor_ms is not None, connect=not hasattr(landed, "_jdf")):
         df = df.withColumns(stage)
-    internal = {"data", "_rec", "_flag", "_shape", "_bytes", "_undecoded", "_time_raw", "_verdict", *_BATCH_COLUMNS}
+    internal = {"data", "_rec", "_flag", "_bytes", "_undecoded", "_time_raw", "_verdict", *_BATCH_COLUMNS}
     # Naming the verdict's parts and dropping the internal columns is one projection (each costs an analysis),
     # written as SQL text: each column built in Python costs round trips to the JVM.
     kept = [quoted(name) for name in df.columns if name not in internal]
@@ -95,15 +95,19 @@ def classify(
 
 def explain_flagged(spark: SparkSession, contract: RecordContract, rows: pa.Table) -> pa.Table:
     """`rows` (classified records held here, `reason, detail, raw, record_id, event_time` among their columns) with
-    each `FLAGGED` record's reason and detail replaced by its first value that failed
-    (`onceflow.jobs.ingest.record_fields.failure`), and its ID and event time read again from its payload (the
+    each `FLAGGED` record's reason and detail replaced by what failed: `not_json` for a payload that is not a JSON
+    object (`onceflow.jobs.ingest.record_fields.not_an_object`), else its first value that failed
+    (`onceflow.jobs.ingest.record_fields.failure`); and its ID and event time read again from its payload (the
     conversion stops at the value it cannot convert, and may have lost them).
 
     Only when there are some, and over the flagged records' payloads only: in the batch's own plan, those
     expressions cost every batch a tenth of a second to analyze, and a copy of each of its rows (Spark does not
     compile them into its stage), whether or not a record was flagged. On a classic session they are evaluated on
     the driver (`LocalProjection`; 30 ms for a realistic batch's 190 flagged records, where a Spark job took 170 ms,
-    nearly all of it analysing and planning them again); over Spark Connect, by a second Spark job."""
+    nearly all of it analysing and planning them again); over Spark Connect, by a second Spark job. Even the
+    question whether a payload is a JSON object at all is asked here, not in the batch's plan: it is a second
+    `from_json`, which Spark does not compile either, and in the plan it cost every batch a copy of its rows
+    (70 ms of a realistic batch's 470)."""
     mask = pc.fill_null(pc.equal(rows["reason"], FLAGGED), False).combine_chunks()
     if not pc.any(mask).as_py():
         return rows
@@ -137,7 +141,7 @@ def _explanation(contract: RecordContract, connect: bool) -> tuple[Column, ...]:
     """The columns `explain_flagged` asks Spark for, from a flagged record's `payload, record_id, event_time`."""
     _, id_text = _located(contract, contract.id_attribute, contract.id_field)
     _, time_text = _located(contract, contract.time_attribute, contract.time_field)
-    found = F.expr(failure(contract.schema))
+    found = F.expr(f"coalesce({not_an_object()}, {failure(contract.schema)})")
     return (
         found.getField("reason").alias("reason"), found.getField("detail").alias("detail"),
         F.col("record_id") if id_text is None else F.coalesce(id_text, F.col("record_id")).alias("record_id"),
@@ -167,8 +171,6 @@ def _stages(contract: RecordContract, with_floor: bool, connect: bool) -> tuple[
         (F.col("_bytes").isNull(), "lost_in_source",
          F.format_string("records %s were deleted from the source before onceflow read them", "source_position")),
         (F.col("payload").isNull(), "not_json", F.lit("payload is not valid UTF-8")),
-        # A line cut short, the commonest bad record, is told here: only the rest need `explain_flagged`.
-        (F.col("_shape").isNotNull(), F.col("_shape.reason"), F.col("_shape.detail")),
         (F.col("_flag"), FLAGGED, F.lit(None)),  # `explain_flagged` says what failed
         (event_time.isNull() & F.col("_time_raw").isNull(), "missing_event_time", F.lit("no event time")),
         (
@@ -191,8 +193,7 @@ def _stages(contract: RecordContract, with_floor: bool, connect: bool) -> tuple[
          # A dead letter's record as text (see `classify`): the only use of the bytes past here.
          "_undecoded": F.expr("CASE WHEN payload IS NULL THEN base64(data) END")},
         {"_flag": F.expr(_flagged(contract)), **parsed},
-        {"record_id": F.coalesce(id_read, F.col("source_position")), "_time_raw": time_read,
-         "_shape": F.expr(f"CASE WHEN _flag THEN {not_an_object()} END")},
+        {"record_id": F.coalesce(id_read, F.col("source_position")), "_time_raw": time_read},
         {"event_time": F.when(F.col("_time_raw").isNull(), fallback).otherwise(parse_time(F.col("_time_raw")))},
         {"_verdict": verdict},
     )
