@@ -20,6 +20,7 @@ them against the classification.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -27,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
 
 from onceflow.jobs.declare.record_contract import RecordContract
 from onceflow.jobs.declare.schema import has_variant, quoted
@@ -50,8 +52,10 @@ from onceflow.jobs.delta.transactions import (
 from onceflow.jobs.ingest.batch_commit import Written, append_new, commit_once, merge_once
 from onceflow.jobs.ingest.dead_letters import COLUMNS as DEAD_LETTER_COLUMNS
 from onceflow.jobs.ingest.dead_letters import commit_dead_letters
+from onceflow.jobs.ingest.local_projection import LocalProjection
+from onceflow.jobs.ingest.plan_template import PlanTemplate
 from onceflow.jobs.ingest.result import IngestResult
-from onceflow.jobs.ingest.validation import classify, explain_flagged
+from onceflow.jobs.ingest.validation import batch_numbers, classify_numbered, explain_flagged
 from onceflow.jobs.sources.checkpoint import BatchPlan
 from onceflow.jobs.sources.committed_plans import PLAN_KEY
 from onceflow.jobs.sources.landing import STREAM_STRIDE
@@ -83,13 +87,10 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
     metadata = {"onceflow_source": source.app_id, "onceflow_batch": plan.batch_id, PLAN_KEY: plan.to_dict(),
                 ATTEMPT_KEY: uuid.uuid4().hex}
     contract = RecordContract.of(pipeline)
-    checked = classify(landed, contract, plan.planned_at_ms, plan.horizon_floor_ms, batch_id=plan.batch_id,
-                       _ingested_ms=plan.planned_at_ms)
-    # Projections are SQL text: each column built in Python costs round trips to the JVM.
-    classified = checked.selectExpr(
-        *(quoted(name) for name in checked.columns if name != "attributes"),
-        f"{bucket_of('event_time', pipeline.time_bucket_ms)} AS time_bucket",
-    )
+    numbers = batch_numbers(contract, plan.planned_at_ms, plan.horizon_floor_ms, batch_id=plan.batch_id,
+                            _ingested_ms=plan.planned_at_ms)
+    classified = _classified(spark, landed, contract, pipeline.time_bucket_ms, plan.horizon_floor_ms is not None,
+                             numbers)
     raw_columns = (
         "record_id", "event_time", *(quoted(f.name) for f in contract.schema), "payload", "source_position",
         "publish_time", "batch_id", "timestamp_millis(_ingested_ms) AS ingested_at", "time_bucket",
@@ -138,6 +139,38 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
     finally:
         if not rows_here:
             classified.unpersist()
+
+
+def _classified(
+    spark: SparkSession, landed: DataFrame, contract: RecordContract, bucket_ms: int, with_floor: bool,
+    numbers: dict[str, int],
+) -> DataFrame:
+    """The batch's records classified (`classify`) with their time bucket: on a classic session, by the plan
+    analysed once for the pipeline (`PlanTemplate`)."""
+    if not hasattr(spark, "_jsparkSession"):
+        return _bucketed(landed, numbers, contract=contract, bucket_ms=bucket_ms, with_floor=with_floor)
+    settings = LocalProjection.settings(spark)
+    template = _template(spark, contract, bucket_ms, with_floor, landed.schema, tuple(numbers), settings)
+    return template(landed, numbers)
+
+
+@functools.lru_cache(maxsize=16)
+def _template(
+    spark: SparkSession, contract: RecordContract, bucket_ms: int, with_floor: bool, schema: T.StructType,
+    names: tuple[str, ...], settings: str,
+) -> PlanTemplate:
+    """`_classified`'s plan for a pipeline, analysed once in `spark` under its `settings` (a digest of them)."""
+    build = functools.partial(_bucketed, contract=contract, bucket_ms=bucket_ms, with_floor=with_floor)
+    return PlanTemplate(spark, schema, build, names)
+
+
+def _bucketed(
+    landed: DataFrame, numbers: dict[str, int], *, contract: RecordContract, bucket_ms: int, with_floor: bool
+) -> DataFrame:
+    checked = classify_numbered(landed, contract, with_floor, numbers)
+    # Projections are SQL text: each column built in Python costs round trips to the JVM.
+    return checked.selectExpr(*(quoted(name) for name in checked.columns if name != "attributes"),
+                              f"{bucket_of('event_time', bucket_ms)} AS time_bucket")
 
 
 def _read(

@@ -76,12 +76,26 @@ def classify(
 ) -> DataFrame:
     """Parse and validate every landed record; see the module docstring for the columns added. `batch` names
     further numbers of the batch (its id, say) to add as columns, the same on every row."""
-    df = with_batch_values(
-        landed, _batch_time_ms=batch_time_ms, _latest_ms=batch_time_ms + contract.max_clock_skew_ms,
-        _floor_ms=horizon_floor_ms or 0, **batch,
-    )
+    numbers = batch_numbers(contract, batch_time_ms, horizon_floor_ms, **batch)
+    return classify_numbered(landed, contract, horizon_floor_ms is not None, numbers)
+
+
+def batch_numbers(
+    contract: RecordContract, batch_time_ms: int, horizon_floor_ms: int | None, **batch: int
+) -> dict[str, int]:
+    """The numbers of a batch that `classify` adds as columns (`batch`'s after its own), by name."""
+    return {"_batch_time_ms": batch_time_ms, "_latest_ms": batch_time_ms + contract.max_clock_skew_ms,
+            "_floor_ms": horizon_floor_ms or 0, **batch}
+
+
+def classify_numbered(
+    landed: DataFrame, contract: RecordContract, with_floor: bool, numbers: dict[str, int]
+) -> DataFrame:
+    """`classify`, given the batch's `numbers` (`batch_numbers`) and whether it has a horizon floor: its plan
+    depends on nothing else of the batch (`onceflow.jobs.ingest.plan_template`)."""
+    df = with_batch_values(landed, **numbers)
     # Spark Connect's columns and a classic session's are different objects: each kind is built once.
-    for stage in _stages(contract, horizon_floor_ms is not None, connect=not hasattr(landed, "_jdf")):
+    for stage in _stages(contract, with_floor, connect=not hasattr(landed, "_jdf")):
         df = df.withColumns(stage)
     internal = {"data", "_rec", "_flag", "_bytes", "_undecoded", "_time_raw", "_verdict", *_BATCH_COLUMNS}
     # Naming the verdict's parts and dropping the internal columns is one projection (each costs an analysis),
