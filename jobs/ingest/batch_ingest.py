@@ -121,7 +121,9 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
             result.raw_version = latest_version(source.raw_path)
             result.replayed, result.lost_race, result.inserted = written.replayed, written.lost_race, written.inserted
             return result
-        firsts, repeats = first_ids(slim.filter(pc.is_null(slim["reason"])))
+        # The few columns the dedup reads are filtered, not the rows' payloads.
+        firsts, repeats = first_ids(slim.select(["record_id", "time_bucket", "ordinal"]).filter(
+            pc.is_null(slim["reason"])))
         unique_count = firsts.num_rows
         if source.id_filters is None:
             unique = without_ordinals(valid, repeats)
@@ -265,7 +267,7 @@ def _summarize(slim: pa.Table, result: IngestResult) -> None:
     result.received = slim.num_rows
     for entry in pc.value_counts(slim["reason"].drop_null()).to_pylist():
         result.dead_lettered[entry["values"]] = entry["counts"]
-    valid = slim.filter(pc.is_null(slim["reason"]))
+    valid = slim.select(["t", "ordinal"]).filter(pc.is_null(slim["reason"]))
     times = valid["t"]
     if len(times):
         result.min_event_time_ms, result.max_event_time_ms = pc.min(times).as_py(), pc.max(times).as_py()
