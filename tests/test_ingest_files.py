@@ -25,6 +25,7 @@ from onceflow.jobs.sources.reader import SourceRuntime, open_source
 from onceflow.orchestration.workload import Event, expected_raw, make_events
 from onceflow.resources.files import FileChangedError
 from onceflow.resources.lake import LakeResource
+from onceflow.resources.spark_functions import register_spark_functions
 from tests.delta_reader import read_rows
 from tests.pipelines import builtin, dagster_micro_batch, drain, events_from_files
 
@@ -335,14 +336,16 @@ def test_positions_are_exact_where_spark_splits_a_file(
     spark: SparkSession, incoming: Path, home: Path, split_bytes: int
 ) -> None:
     # Splits of 64 bytes: one starts exactly at a line (64), one exactly at a "\n" (128, an empty line).
-    lines = [b"x" * 63, b"y" * 63, b"", b"  \t", *(json.dumps({"v": "z" * (i % 90)}).encode() for i in range(300))]
+    lines = [b"x" * 63, b"y" * 63, b"", b"  \t", *(json.dumps({"v": "z" * (i % 90)}).encode() for i in range(300)),
+             b"x0B", b"\x0bx"]  # not blank: spelled like, or starting like, a blank line's characters
     (incoming / "a.jsonl").write_bytes(b"\n".join(lines))  # the last line has no "\n"
     (incoming / "b.jsonl").write_bytes(b"".join(line + b"\r\n" for line in lines[4:40]))
     (incoming / "empty.jsonl").write_bytes(b"")
-    (incoming / "blank.jsonl").write_bytes(b"\n \n\r\n")
+    (incoming / "blank.jsonl").write_bytes(b"\n \n\r\n\x0b\x0c \t\n")
     source = source_for(builtin("events"), home)
     reader = source.reader
     plan = plan_next(source).model_copy(update={"files": tuple(reader.directory.discover(set(), 10, 2**62))})
+    register_spark_functions(spark)  # as each batch does: the line offsets are one
     spark.conf.set("spark.sql.files.maxPartitionBytes", str(split_bytes))
     try:
         scan = spark.read.text([reader.directory.path_of(e) for e in plan.files])
@@ -353,4 +356,4 @@ def test_positions_are_exact_where_spark_splits_a_file(
 
     # The driver's own reading of the same bytes (onceflow.resources.files) is the reference.
     assert sorted(landed) == sorted((row.position, row.data) for row in reader.landed_rows(plan))
-    assert len(landed) == 302 + 36
+    assert len(landed) == 304 + 36

@@ -34,6 +34,7 @@ from onceflow.jobs.declare.schema import quoted, type_ddl
 from onceflow.jobs.ingest.batch_values import with_batch_values
 from onceflow.jobs.ingest.local_projection import LocalProjection
 from onceflow.jobs.ingest.record_fields import OPTIONS, failure, narrowed, not_an_object, strict, wide
+from onceflow.resources.spark_functions import JSON_RECORD, register_spark_functions
 
 FLAGGED = "flagged"
 """The reason `classify` gives a record whose fields failed the conversion or onceflow's stricter checks, until
@@ -93,6 +94,8 @@ def classify_numbered(
 ) -> DataFrame:
     """`classify`, given the batch's `numbers` (`batch_numbers`) and whether it has a horizon floor: its plan
     depends on nothing else of the batch (`onceflow.jobs.ingest.plan_template`)."""
+    if hasattr(landed, "_jdf"):  # a classic session's batch reads with `JSON_RECORD`
+        register_spark_functions(landed.sparkSession)
     df = with_batch_values(landed, **numbers)
     # Spark Connect's columns and a classic session's are different objects: each kind is built once.
     for stage in _stages(contract, with_floor, connect=not hasattr(landed, "_jdf")):
@@ -173,6 +176,8 @@ def _stages(contract: RecordContract, with_floor: bool, connect: bool) -> tuple[
     the expressions are the same for every batch and none is rebuilt (each costs Spark calls from Python).
     """
     limit = contract.max_record_bytes
+    # Spark's `from_json` on a classic session too, in a form Spark compiles into the stage (`JSON_RECORD`).
+    reader = "from_json" if connect else JSON_RECORD
     fallback = F.col("publish_time") if contract.time_from_publish else F.lit(None).cast("timestamp")
     # The record is read once, by Spark's JSON reader; only a flagged record (rare) is looked at again.
     parsed = {f.name: F.expr(narrowed(f.dataType, f"_rec.{quoted(f.name)}")) for f in contract.schema}
@@ -203,7 +208,7 @@ def _stages(contract: RecordContract, with_floor: bool, connect: bool) -> tuple[
         {"_bytes": F.length("data"), "payload": F.expr("try_validate_utf8(cast(data AS STRING))"),
          **{name: F.timestamp_millis(f"{name}_ms") for name in ("_batch_time", "_latest", "_floor")}},
         {"_rec": F.expr(
-            f"CASE WHEN _bytes <= {limit} THEN from_json(payload, '{_record_schema(contract)}', {OPTIONS}) END"),
+            f"CASE WHEN _bytes <= {limit} THEN {reader}(payload, '{_record_schema(contract)}', {OPTIONS}) END"),
          # A dead letter's record as text (see `classify`): the only use of the bytes past here.
          "_undecoded": F.expr("CASE WHEN payload IS NULL THEN base64(data) END")},
         {"_flag": F.expr(_flagged(contract)), **parsed},

@@ -99,7 +99,11 @@ class FileReader:
         lines = _file_lines(spark, paths)
         relative = f"element_at({sql_strings(entry.path for entry in plan.files)}, file + 1)"
         # SQL text: each column built in Python costs round trips to the JVM.
-        return lines.filter(r"NOT value RLIKE '^[ \\t\\r\\x0B\\f]*$'").selectExpr(
+        # A blank line (as the driver's count sees one: only ASCII whitespace) is skipped. The pattern is tried only
+        # on a line that starts as a blank one does: it decodes the whole line to a Java string first.
+        blank = ("value = '' OR left(value, 1) IN (' ', chr(9), chr(11), chr(12), chr(13)) AND "
+                 r"value RLIKE '^[ \\t\\r\\x0B\\f]*$'")
+        return lines.filter(f"NOT ({blank})").selectExpr(
             f"CAST(file AS BIGINT) * {STREAM_STRIDE} + offset AS ordinal",  # a stream per file
             f"concat({relative}, ':', offset) AS source_position",
             "CAST(NULL AS TIMESTAMP) AS publish_time",
