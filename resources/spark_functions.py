@@ -38,6 +38,9 @@ SQL_FUNCTIONS = {
 """onceflow's SQL functions: name → (Java class in the jar, result type)."""
 JSON_RECORD = "onceflow_json_record"
 """Spark's `from_json` of a record, compiled into its stage (`io.onceflow.JsonRecord`; classic sessions only)."""
+UTF8_TEXT = "onceflow_utf8"
+"""Spark's `try_validate_utf8(CAST(bytes AS STRING))`, compiled, quicker on ASCII (`io.onceflow.Utf8Text`; classic
+sessions only)."""
 
 
 class JavaCompilerMissingError(RuntimeError):
@@ -51,15 +54,20 @@ class SparkFunctionsMissingError(RuntimeError):
 def register_spark_functions(spark: SparkSession) -> None:
     """Register onceflow's SQL functions in `spark`'s session where it lacks them (a restarted engine forgets them).
 
-    They are registered together, in order, so an engine that has the last has them all: one question a batch
-    (7 ms for three). A classic session's functions live in its own JVM, as long as it: it is asked once.
+    They are registered together, the last of `SQL_FUNCTIONS` last, so an engine that has it has them all: one
+    question a batch (it was 7 ms for three). A classic session's functions live in its own JVM, as long as it:
+    it is asked once.
 
     Raises `SparkFunctionsMissingError`, naming the fix, where the engine cannot load onceflow's classes.
     """
     classic = hasattr(spark, "_jsparkSession")
     if classic and spark in _REGISTERED:
         return
-    if not spark.catalog.functionExists(JSON_RECORD if classic else [*SQL_FUNCTIONS][-1]):
+    if not spark.catalog.functionExists([*SQL_FUNCTIONS][-1]):
+        # A classic session also gets the functions its batches are compiled with (`CompiledFunction.java`):
+        # expressions, not UDFs, which only the session's own JVM can register.
+        if classic:
+            spark._jvm.io.onceflow.CompiledFunction.register(spark._jsparkSession)
         for name, (java_class, result) in SQL_FUNCTIONS.items():
             try:
                 spark.udf.registerJavaFunction(name, java_class, result)
@@ -70,10 +78,6 @@ def register_spark_functions(spark: SparkSession) -> None:
                     f"the Spark engine cannot load {java_class}, one of onceflow's Spark functions: start it with "
                     "the jar `onceflow setup` prints on its classpath (`--jars <jar>`)"
                 ) from error
-        # A classic session also gets the JSON reader its batches are compiled with (`JsonRecord.java`): an
-        # expression, not a UDF, which only the session's own JVM can register.
-        if classic:
-            spark._jvm.io.onceflow.JsonRecord.register(spark._jsparkSession)
     if classic:
         _REGISTERED.add(spark)
 

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import weakref
 import zipfile
 from pathlib import Path
 
@@ -91,6 +92,7 @@ def test_an_engine_without_the_jar_gets_an_error_naming_the_fix(
     spark: SparkSession, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(spark_functions.SQL_FUNCTIONS, "onceflow_absent", ("io.onceflow.Absent", T.BooleanType()))
+    monkeypatch.setattr(spark_functions, "_REGISTERED", weakref.WeakSet())  # a session not yet asked
 
     with pytest.raises(SparkFunctionsMissingError, match=r"cannot load io\.onceflow\.Absent.*onceflow setup"):
         register_spark_functions(spark)

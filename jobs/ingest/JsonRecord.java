@@ -1,20 +1,16 @@
 package io.onceflow;
 
 import java.util.HashMap;
-import java.util.Objects;
 import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.catalyst.expressions.ExprUtils;
 import org.apache.spark.sql.catalyst.expressions.Expression;
-import org.apache.spark.sql.catalyst.expressions.codegen.CodeBlock;
 import org.apache.spark.sql.catalyst.expressions.codegen.CodegenContext;
-import org.apache.spark.sql.catalyst.expressions.codegen.ExprCode;
 import org.apache.spark.sql.catalyst.json.CreateJacksonParser;
 import org.apache.spark.sql.catalyst.json.JSONOptions;
 import org.apache.spark.sql.catalyst.json.JacksonParser;
 import org.apache.spark.sql.catalyst.util.ArrayData;
 import org.apache.spark.sql.catalyst.util.FailureSafeParser;
 import org.apache.spark.sql.catalyst.util.MapData;
-import org.apache.spark.sql.classic.SparkSession;
 import org.apache.spark.sql.internal.SQLConf;
 import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.StructField;
@@ -39,12 +35,11 @@ import scala.jdk.javaapi.CollectionConverters;
  *       character-based parser the same characters: never its byte-based one, which guesses the encoding.
  * </ul>
  *
- * <p>Registered in a classic session's function registry ({@link #register}); the expression is built at
- * analysis, with the session's time zone, as {@code from_json}'s is.
+ * <p>Registered by {@link CompiledFunction#register}; the expression is built at analysis, with the session's time
+ * zone, as {@code from_json}'s is.
  */
-public final class JsonRecord extends Expression implements java.io.Serializable {
+public final class JsonRecord extends CompiledFunction {
   private static final long serialVersionUID = 1L;
-  private final Expression child;
   private final StructType schema;
   private final HashMap<String, String> options;
   private final String timeZone;
@@ -53,21 +48,14 @@ public final class JsonRecord extends Expression implements java.io.Serializable
 
   JsonRecord(Expression child, StructType schema, HashMap<String, String> options, String timeZone,
       String corruptDefault) {
-    this.child = child;
+    super(child);
     this.schema = schema;
     this.options = options;
     this.timeZone = timeZone;
     this.corruptDefault = corruptDefault;
   }
 
-  /** Register {@code onceflow_json_record} in {@code session} (a classic session's registry is its own). */
-  public static void register(SparkSession session) {
-    Function1<Seq<Expression>, Expression> builder = JsonRecord::build;
-    session.sessionState().functionRegistry().createOrReplaceTempFunction("onceflow_json_record", builder,
-        "java_udf");
-  }
-
-  private static Expression build(Seq<Expression> arguments) {
+  static Expression build(Seq<Expression> arguments) {
     java.util.List<Expression> args = CollectionConverters.asJava(arguments);
     if (args.size() != 3 || !args.get(1).foldable() || !args.get(2).foldable()) {
       throw new IllegalArgumentException("onceflow_json_record(json, 'ddl', map(options)): constant schema and options");
@@ -109,8 +97,23 @@ public final class JsonRecord extends Expression implements java.io.Serializable
   }
 
   @Override
-  public Seq<Expression> children() {
-    return CollectionConverters.asScala(java.util.List.of(child)).toList();
+  protected Object call(Object argument) {
+    return parse((UTF8String) argument);
+  }
+
+  @Override
+  protected String callCode(CodegenContext ctx, String argument) {
+    return ctx.addReferenceObj("jsonRecord", this, JsonRecord.class.getName()) + ".parse(" + argument + ")";
+  }
+
+  @Override
+  protected CompiledFunction withChild(Expression newChild) {
+    return new JsonRecord(newChild, schema, options, timeZone, corruptDefault);
+  }
+
+  @Override
+  protected java.util.List<Object> settings() {
+    return java.util.List.of(schema, options, timeZone, corruptDefault);
   }
 
   @Override
@@ -119,65 +122,7 @@ public final class JsonRecord extends Expression implements java.io.Serializable
   }
 
   @Override
-  public boolean nullable() {
-    return true;
-  }
-
-  @Override
-  public Object eval(InternalRow input) {
-    Object json = child.eval(input);
-    return json == null ? null : parse((UTF8String) json);
-  }
-
-  @Override
-  public ExprCode doGenCode(CodegenContext ctx, ExprCode ev) {
-    ExprCode json = child.genCode(ctx);
-    String self = ctx.addReferenceObj("jsonRecord", this, JsonRecord.class.getName());
-    String code = json.code() + "\nboolean " + ev.isNull() + " = " + json.isNull() + ";\nInternalRow " + ev.value()
-        + " = null;\nif (!" + ev.isNull() + ") {\n  " + ev.value() + " = " + self + ".parse(" + json.value() + ");\n  "
-        + ev.isNull() + " = " + ev.value() + " == null;\n}";
-    return new ExprCode(new CodeBlock(CollectionConverters.asScala(java.util.List.of(code)).toList(),
-        CollectionConverters.asScala(java.util.List.<org.apache.spark.sql.catalyst.expressions.codegen.JavaCode>of())
-            .toList()), ev.isNull(), ev.value());
-  }
-
-  @Override
-  public Expression withNewChildrenInternal(scala.collection.immutable.IndexedSeq<Expression> newChildren) {
-    return new JsonRecord(newChildren.apply(0), schema, options, timeZone, corruptDefault);
-  }
-
-  @Override
   public String prettyName() {
     return "onceflow_json_record";
-  }
-
-  @Override
-  public int productArity() {
-    return 1;
-  }
-
-  @Override
-  public Object productElement(int n) {
-    if (n != 0) {
-      throw new IndexOutOfBoundsException(Integer.toString(n));
-    }
-    return child;
-  }
-
-  @Override
-  public boolean canEqual(Object that) {
-    return that instanceof JsonRecord;
-  }
-
-  @Override
-  public boolean equals(Object that) {
-    return that instanceof JsonRecord other && child.equals(other.child) && schema.equals(other.schema)
-        && options.equals(other.options) && timeZone.equals(other.timeZone)
-        && corruptDefault.equals(other.corruptDefault);
-  }
-
-  @Override
-  public int hashCode() {
-    return Objects.hash(child, schema, options, timeZone, corruptDefault);
   }
 }

@@ -34,7 +34,7 @@ from onceflow.jobs.declare.schema import quoted, type_ddl
 from onceflow.jobs.ingest.batch_values import with_batch_values
 from onceflow.jobs.ingest.local_projection import LocalProjection
 from onceflow.jobs.ingest.record_fields import OPTIONS, failure, narrowed, not_an_object, strict, wide
-from onceflow.resources.spark_functions import JSON_RECORD, register_spark_functions
+from onceflow.resources.spark_functions import JSON_RECORD, UTF8_TEXT, register_spark_functions
 
 FLAGGED = "flagged"
 """The reason `classify` gives a record whose fields failed the conversion or onceflow's stricter checks, until
@@ -94,7 +94,7 @@ def classify_numbered(
 ) -> DataFrame:
     """`classify`, given the batch's `numbers` (`batch_numbers`) and whether it has a horizon floor: its plan
     depends on nothing else of the batch (`onceflow.jobs.ingest.plan_template`)."""
-    if hasattr(landed, "_jdf"):  # a classic session's batch reads with `JSON_RECORD`
+    if hasattr(landed, "_jdf"):  # a classic session's batch reads with `JSON_RECORD` and `UTF8_TEXT`
         register_spark_functions(landed.sparkSession)
     df = with_batch_values(landed, **numbers)
     # Spark Connect's columns and a classic session's are different objects: each kind is built once.
@@ -176,8 +176,10 @@ def _stages(contract: RecordContract, with_floor: bool, connect: bool) -> tuple[
     the expressions are the same for every batch and none is rebuilt (each costs Spark calls from Python).
     """
     limit = contract.max_record_bytes
-    # Spark's `from_json` on a classic session too, in a form Spark compiles into the stage (`JSON_RECORD`).
+    # Spark's own functions on a classic session too, in forms Spark compiles into the stage (`JSON_RECORD`,
+    # `UTF8_TEXT`).
     reader = "from_json" if connect else JSON_RECORD
+    decoded = "try_validate_utf8(cast(data AS STRING))" if connect else f"{UTF8_TEXT}(data)"
     fallback = F.col("publish_time") if contract.time_from_publish else F.lit(None).cast("timestamp")
     # The record is read once, by Spark's JSON reader; only a flagged record (rare) is looked at again.
     parsed = {f.name: F.expr(narrowed(f.dataType, f"_rec.{quoted(f.name)}")) for f in contract.schema}
@@ -205,7 +207,7 @@ def _stages(contract: RecordContract, with_floor: bool, connect: bool) -> tuple[
         reason = F.lit(name) if isinstance(name, str) else name
         verdict = F.when(condition, F.struct(reason.alias("reason"), text.alias("detail"))).otherwise(verdict)
     return (
-        {"_bytes": F.length("data"), "payload": F.expr("try_validate_utf8(cast(data AS STRING))"),
+        {"_bytes": F.length("data"), "payload": F.expr(decoded),
          **{name: F.timestamp_millis(f"{name}_ms") for name in ("_batch_time", "_latest", "_floor")}},
         {"_rec": F.expr(
             f"CASE WHEN _bytes <= {limit} THEN {reader}(payload, '{_record_schema(contract)}', {OPTIONS}) END"),

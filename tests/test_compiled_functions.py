@@ -1,6 +1,7 @@
-"""`onceflow_json_record` (`jobs/ingest/JsonRecord.java`), the JSON reader a classic session's batches are compiled
-with, reads every record exactly as Spark's `from_json` with the same schema and options: the same values, the
-same partial results, the same corrupt records; and Spark compiles it into the batch's stage."""
+"""The functions a classic session's batches are compiled with (`jobs/ingest/CompiledFunction.java`) give exactly what
+Spark's own give: `onceflow_json_record` reads every record as `from_json` with the same schema and options (the
+same values, partial results and corrupt records), `onceflow_utf8` takes every byte string `try_validate_utf8`
+takes; and Spark compiles both into the batch's stage."""
 
 from __future__ import annotations
 
@@ -23,28 +24,36 @@ RECORDS = [
     '{"a": 1}\n{"a": 2}', '{"é": "ü", "a": 2}', '{"a": 2147483648}', '{"t": "tomorrow", "a": 3}', "{}",
     '{"s": null, "m": {}}', '{"a": 1, "unknown": {"deep": [1, {"x": []}]}}',
 ]
+# Byte strings (hex): ASCII, valid 2-, 3- and 4-byte sequences, and what UTF-8 refuses (a lone continuation byte,
+# a cut sequence, an overlong form, a surrogate, a code point above U+10FFFF, bytes never used).
+BYTES = ["", "7b7d", "c3a9", "e282ac", "f09f9880", "7bc3a97d", "80", "c3", "e282", "c0af", "eda080", "f4908080",
+         "ff", "fe", "7b2261223a2280227d", "41" * 40 + "c3"]
 SCRIPT = """
 import json, sys
 from onceflow.jobs.ingest.record_fields import OPTIONS
 from onceflow.resources.spark import build_spark_session
 from onceflow.resources.spark_functions import register_spark_functions
-schema, records = json.loads(sys.stdin.read())
+schema, records, hexes = json.loads(sys.stdin.read())
 spark = build_spark_session()
 register_spark_functions(spark)
 rows = spark.createDataFrame([(i, r) for i, r in enumerate(records)], "i INT, p STRING")
 both = rows.selectExpr("i", f"to_json(onceflow_json_record(p, '{schema}', {OPTIONS})) AS ours",
                        f"to_json(from_json(p, '{schema}', {OPTIONS})) AS spark")
 plan = rows.selectExpr(f"onceflow_json_record(p, '{schema}', {OPTIONS}).a AS a")._jdf.queryExecution().executedPlan()
-print(json.dumps({"rows": [r.asDict() for r in both.orderBy("i").collect()], "plan": plan.toString()}))
+data = spark.createDataFrame([(i, bytes.fromhex(h)) for i, h in enumerate(hexes)], "i INT, b BINARY")
+texts = data.selectExpr("i", "onceflow_utf8(b) AS ours", "try_validate_utf8(CAST(b AS STRING)) AS spark")
+text_plan = data.selectExpr("onceflow_utf8(b) AS t")._jdf.queryExecution().executedPlan()
+print(json.dumps({"rows": [r.asDict() for r in both.orderBy("i").collect()], "plan": plan.toString(),
+                  "texts": [r.asDict() for r in texts.orderBy("i").collect()], "text_plan": text_plan.toString()}))
 """
 
 
-def test_a_classic_sessions_json_reader_reads_each_record_as_from_json_and_is_compiled() -> None:
-    """In a process of its own: a process holds one kind of session, and only a classic one has this reader."""
+def test_a_classic_sessions_compiled_functions_give_what_spark_gives_and_are_compiled() -> None:
+    """In a process of its own: a process holds one kind of session, and only a classic one has these functions."""
     require(shutil.which("java") is not None, "Java 17")
     env = {k: v for k, v in os.environ.items() if k not in ("ONCEFLOW_SPARK_REMOTE", "SPARK_REMOTE",
                                                             "SPARK_CONNECT_MODE_ENABLED")}
-    run = subprocess.run([sys.executable, "-c", SCRIPT], input=json.dumps([SCHEMA, RECORDS]), cwd=PROJECT_ROOT,
+    run = subprocess.run([sys.executable, "-c", SCRIPT], input=json.dumps([SCHEMA, RECORDS, BYTES]), cwd=PROJECT_ROOT,
                          env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     out = json.loads(run.stdout.strip().splitlines()[-1])
@@ -56,3 +65,8 @@ def test_a_classic_sessions_json_reader_reads_each_record_as_from_json_and_is_co
     assert sum(row["spark"] is not None and "_corrupt" not in row["spark"] for row in rows) >= 8
     # One stage of generated code, with the reader inside it (`from_json` would stand in a stage of its own).
     assert out["plan"].startswith("*(1) Project [onceflow_json_record(p"), out["plan"]
+    texts = out["texts"]
+    assert [row["i"] for row in texts] == list(range(len(BYTES)))
+    assert [row["ours"] for row in texts] == [row["spark"] for row in texts]
+    assert sum(row["spark"] is None for row in texts) == 10
+    assert out["text_plan"].startswith("*(1) Project [onceflow_utf8(b"), out["text_plan"]
