@@ -42,8 +42,12 @@ public final class PlanTemplate {
     this.template = template.queryExecution().analyzed();
     this.placeholder = CollectionConverters.asJava(placeholder.queryExecution().analyzed().output());
     this.names = Arrays.asList(names.split(","));
-    if (find(this.template, this.placeholder) != 1) {
+    // A leaf that binding would not find would keep the template's values for every batch, silently.
+    if (leaves(this.template, this.placeholder::equals) != 1) {
       throw new IllegalArgumentException("the template does not read its placeholder once");
+    }
+    if (leaves(this.template, output -> output.stream().map(Attribute::name).toList().equals(this.names)) != 1) {
+      throw new IllegalArgumentException("the template does not read one table of the numbers " + this.names);
     }
   }
 
@@ -97,11 +101,11 @@ public final class PlanTemplate {
     return changed ? node.withNewChildren(seq(replaced)) : node;
   }
 
-  private static int find(LogicalPlan node, List<Attribute> leaf) {
+  private static int leaves(LogicalPlan node, java.util.function.Predicate<List<Attribute>> wanted) {
     if (node.children().isEmpty()) {
-      return CollectionConverters.asJava(node.output()).equals(leaf) ? 1 : 0;
+      return wanted.test(CollectionConverters.asJava(node.output())) ? 1 : 0;
     }
-    return CollectionConverters.asJava(node.children()).stream().mapToInt(child -> find(child, leaf)).sum();
+    return CollectionConverters.asJava(node.children()).stream().mapToInt(child -> leaves(child, wanted)).sum();
   }
 
   private static <T> Seq<T> seq(List<T> items) {
