@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import socket
+import threading
 import uuid
 from pathlib import Path
 from typing import Any, TypeVar
@@ -14,11 +16,13 @@ from google.api_core.exceptions import Conflict
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import bigquery
 
+from onceflow.resources.emulators import bigquery as bigquery_module
 from onceflow.resources.emulators.bigquery import (
     BigQueryEmulator,
     ensure_bigquery_emulator_env,
     start_bigquery_emulator,
 )
+from onceflow.resources.emulators.pubsub import free_port
 
 T = TypeVar("T")
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -176,3 +180,47 @@ def test_serves_on_loopback_only_and_stop_ends_the_process_group(bigquery_emulat
         pass
     assert not running.work_dir.exists()
     running.stop()  # a second stop is harmless
+
+
+class NotHttpServer:
+    """A loopback server that answers every connection with bytes that are no HTTP (as a gRPC server would)."""
+
+    def __init__(self) -> None:
+        self.socket = socket.create_server(("127.0.0.1", 0))
+        self.port = self.socket.getsockname()[1]
+        self.answered = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                connection, _ = self.socket.accept()
+                with connection:
+                    connection.sendall(b"\x00\x00\x12\x04\x00\x00\x00\x00\x00\x00\x03\x7f\xff\xff\xff\n")
+                    self.answered += 1
+
+
+def test_a_port_taken_by_another_server_is_given_up_for_new_ports(
+    bigquery_emulator: BigQueryEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    taken = NotHttpServer()
+    ports = iter([taken.port])
+    monkeypatch.setattr(bigquery_module, "free_port", lambda: next(ports, None) or free_port())
+    running = start_bigquery_emulator()
+    try:
+        assert taken.answered >= 1
+        assert running.port != taken.port
+        running.client().create_dataset("answered")
+        assert "answered" in {d.dataset_id for d in running.client().list_datasets()}
+    finally:
+        running.stop()
+        taken.socket.close()
+
+
+def test_a_given_port_taken_by_another_server_fails_naming_it() -> None:
+    taken = NotHttpServer()
+    try:
+        with pytest.raises(RuntimeError, match=f"another server kept answering on the emulator's port {taken.port}"):
+            start_bigquery_emulator(port=taken.port)
+    finally:
+        taken.socket.close()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import http.client
 import os
 import shutil
 import subprocess
@@ -224,10 +225,21 @@ def start_bigquery_emulator(
     `venv` defaults to `ensure_bigquery_emulator_env()` (which sets it up on first use). The gRPC port is
     another free port. Ready means listing `project`'s datasets succeeded, which opens the DuckDB catalogue
     and so proves the extensions load. A server that exits, answers with an error or does not answer within
-    `timeout_s` is stopped and a `RuntimeError` carrying the end of its log is raised.
+    `timeout_s` is stopped and a `RuntimeError` carrying the end of its log is raised. A free port can be taken
+    by another process before the emulator binds it (tests start servers side by side): when something that
+    is not HTTP answers on it, the emulator starts again on new ports, at most three times, unless `port` was
+    given.
     """
     venv = venv or ensure_bigquery_emulator_env()
-    port = port or free_port()
+    for _ in range(1 if port else 3):
+        emulator = _launch(venv, project, port or free_port())
+        if _ready(emulator, timeout_s):
+            return emulator
+        emulator.stop()
+    _fail(emulator, f"another server kept answering on the emulator's port {emulator.port}")
+
+
+def _launch(venv: Path, project: str, port: int) -> BigQueryEmulator:
     grpc_port = free_port()
     work_dir = Path(tempfile.mkdtemp(prefix="onceflow-bigquery-"))
     command = [
@@ -239,18 +251,24 @@ def start_bigquery_emulator(
         process = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, env=_emulator_env(venv), start_new_session=True
         )
-    emulator = BigQueryEmulator(process, project, port, grpc_port, work_dir)
-    probe = f"{emulator.endpoint}/bigquery/v2/projects/{project}/datasets"
+    return BigQueryEmulator(process, project, port, grpc_port, work_dir)
+
+
+def _ready(emulator: BigQueryEmulator, timeout_s: float) -> bool:
+    """True once the emulator answers; False when a server that is not HTTP answers on its port."""
+    probe = f"{emulator.endpoint}/bigquery/v2/projects/{emulator.project}/datasets"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if process.poll() is not None:
-            _fail(emulator, f"BigQuery emulator exited with code {process.returncode}")
+        if emulator.process.poll() is not None:
+            _fail(emulator, f"BigQuery emulator exited with code {emulator.process.returncode}")
         try:
             with urllib.request.urlopen(probe, timeout=5) as response:
                 response.read()
-                return emulator
+                return True
         except urllib.error.HTTPError as error:
             _fail(emulator, f"BigQuery emulator answered {error.code}: {error.read().decode(errors='replace')}")
+        except http.client.HTTPException:
+            return False
         except OSError:
             time.sleep(0.1)
     _fail(emulator, f"BigQuery emulator did not answer on {emulator.endpoint} within {timeout_s:.0f}s")

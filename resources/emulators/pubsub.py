@@ -21,11 +21,22 @@ from pathlib import Path
 
 import psutil
 
+_HANDED_OUT: set[int] = set()
+
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A loopback port free right now, never one this process handed out before.
+
+    The kernel may give a just-released port again, so two servers started side by side (an emulator's HTTP and
+    gRPC ports) could otherwise be told the same one.
+    """
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 @dataclass
