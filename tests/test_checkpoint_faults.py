@@ -245,3 +245,30 @@ def test_a_batch_killed_between_its_dead_letters_and_raw_is_replayed_after_the_c
     assert results[0].dead_lettered_new == len(BAD_LINES) and all(r.balances() for r in results)
     assert source.checkpoints.load().totals == {"received": 310 + len(BAD_LINES), "inserted": 300, "duplicates": 10,
                                                  "dead_lettered": len(BAD_LINES)}
+
+
+def test_a_landed_batch_killed_before_its_commit_is_requested_once_the_subscription_is_empty(
+    spark: SparkSession, pubsub_emulator: PubSubEmulator, home: Path
+) -> None:
+    pipeline, project = events_pipeline(max_messages=100, ack_deadline_s=2), new_project()
+    client, source = setup(project, str(home), pipeline)
+    events = make_events(60, START_MS, 60_000, seed=8)
+    publish_events(client, TOPIC, events)
+    crashed = dagster_micro_batch(str(home), "ingest.after_dead_letters", pubsub_project=project,
+                                  max_messages="100", ack_deadline_s="2")
+    assert "crash injected at ingest.after_dead_letters" in crashed.stderr + crashed.stdout, crashed.stderr[-3000:]
+    # Landed and acknowledged, so the messages live in the landing file alone; the traffic is over.
+    time.sleep(3)  # past the ack deadline: a message not acknowledged would be back by now
+    assert client.pull(pipeline.source.subscription, 1000) == []
+    assert transaction_version(source.raw_path, source.app_id) is None
+
+    lake, pubsub = LakeResource(home=str(home)), PubSubResource(project=project, emulator_host=pubsub_emulator.host)
+    sensor = build_micro_batch_sensor(pipeline, idle_tick_s=3600)
+    with dg.instance_for_test() as instance:
+        [request] = evaluate(sensor, instance, lake, None, pubsub).run_requests
+        assert request.run_key == "events:batch:1" and request.tags["onceflow/why"] == "new data"
+        assert source.reader.backlog(source.checkpoints.load()) == "batch 1 landed, not committed"
+        assert [r.batch_id for r in drain(lambda: spark, source)] == [1]
+        assert isinstance(evaluate(sensor, instance, lake, None, pubsub), dg.SkipReason)
+    assert read_rows(source.raw_path, RAW) == expected_raw(events)
+    assert source.reader.backlog(source.checkpoints.load()) == "empty"

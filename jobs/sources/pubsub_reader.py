@@ -66,7 +66,14 @@ class PubSubReader:
             return self._client
 
     def has_data(self, checkpoint: SourceCheckpoint) -> bool:
-        return self.client.has_messages(self.source.subscription)
+        """Messages wait in the subscription, or a batch landed (and so acknowledged) waits for its commit: a run
+        killed between the two leaves its messages in the landing file alone, and no message will come for them."""
+        return self.landed_waiting(checkpoint) or self.client.has_messages(self.source.subscription)
+
+    def landed_waiting(self, checkpoint: SourceCheckpoint) -> bool:
+        """Whether the checkpoint's next batch is landed: planned, its landing file written, not yet committed."""
+        plan = self.checkpoints.get_plan(checkpoint.next_batch)
+        return plan is not None and plan.landing_key is not None and self.landing.exists(plan.landing_key)
 
     def landing_key(self, batch_id: int) -> str:
         return f"{self.checkpoints.source_id}/{batch_id:012d}.parquet"
@@ -189,7 +196,10 @@ class PubSubReader:
         return {}
 
     def backlog(self, checkpoint: SourceCheckpoint) -> str:
-        return "messages waiting" if self.client.has_messages(self.source.subscription) else "empty"
+        waiting = self.client.has_messages(self.source.subscription)
+        if self.landed_waiting(checkpoint):
+            return f"batch {checkpoint.next_batch} landed, not committed" + ("; messages waiting" if waiting else "")
+        return "messages waiting" if waiting else "empty"
 
     def ensure(self) -> str:
         """The topic with its main and tracking subscriptions, created together (a subscription created later

@@ -34,7 +34,8 @@ class SourceReader(Protocol):
     """What a micro-batch needs from its source."""
 
     def has_data(self, checkpoint: SourceCheckpoint) -> bool:
-        """Whether new data waits (a scheduling hint; it changes nothing)."""
+        """Whether new data waits, including a batch planned and not yet committed (a scheduling hint; it changes
+        nothing)."""
         ...
 
     def next_plan(self, checkpoint: SourceCheckpoint, horizon_floor_ms: int | None) -> BatchPlan | None:
