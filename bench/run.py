@@ -11,7 +11,7 @@ design: a year of real departures, `bench.flights`), the same JSON-lines files a
 
 After a discarded warm-up round of every contender on the same data, the rounds alternate all contenders, in that
 order and then in reverse (see `run_contenders`), each run starting once the disk has written back the runs
-before it (`os.sync`); each figure is the median records/s per contender. Only the ingest itself is timed (see
+before it (`os.sync`) and their garbage is collected (the JVM's and Python's); each figure is the median records/s per contender. Only the ingest itself is timed (see
 each module). After
 each timed run of `exactly_once` and of the streams, the last batch is replayed as after a crash between the sink
 commit and the checkpoint update, and the duplicates the table then holds are counted (not timed). Every table
@@ -31,6 +31,7 @@ figures are of (`commit`). Writes `bench/results/latest.json` and the chart `ben
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import platform
 import shutil
@@ -158,8 +159,11 @@ def run_one(
 ) -> dict[str, Any]:
     """One checked run of `contender` over `source`; the JSON-ready record of it."""
     # The disk's write-back of the runs before is done first: onceflow's checkpoints fsync, and would otherwise wait
-    # for the files another contender just wrote or deleted.
+    # for the files another contender just wrote or deleted. And the garbage of the runs before is collected (the
+    # JVM's and Python's) rather than left for whichever contender runs next to pay for.
     os.sync()
+    spark._jvm.System.gc()
+    gc.collect()
     if contender not in ONCEFLOW:
         run = peer.run_contender(spark, contender, source, work, round_no, replay=replay,
                                  examine=lambda table: judge.peer(contender, round_no, table))

@@ -31,10 +31,15 @@ public abstract class CompiledFunction extends Expression implements Serializabl
     this.child = child;
   }
 
-  /** Register onceflow's compiled functions in {@code session}: {@code onceflow_json_record}, {@code onceflow_utf8}. */
+  /**
+   * Register onceflow's compiled functions in {@code session}: {@code onceflow_batch_value} ({@link BatchValue}),
+   * {@code onceflow_json_record}, {@code onceflow_utf8}.
+   */
   public static void register(SparkSession session) {
+    Function1<Seq<Expression>, Expression> value = BatchValue::build;
     Function1<Seq<Expression>, Expression> json = JsonRecord::build;
     Function1<Seq<Expression>, Expression> utf8 = Utf8Text::build;
+    session.sessionState().functionRegistry().createOrReplaceTempFunction("onceflow_batch_value", value, "java_udf");
     session.sessionState().functionRegistry().createOrReplaceTempFunction("onceflow_json_record", json, "java_udf");
     session.sessionState().functionRegistry().createOrReplaceTempFunction("onceflow_utf8", utf8, "java_udf");
   }

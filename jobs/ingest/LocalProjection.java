@@ -1,12 +1,8 @@
 package io.onceflow;
 
 import com.fasterxml.jackson.databind.ObjectMapper;
-import java.nio.charset.StandardCharsets;
-import java.security.MessageDigest;
 import java.util.ArrayList;
-import java.util.HexFormat;
 import java.util.List;
-import java.util.TreeMap;
 import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.catalyst.expressions.Attribute;
 import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
@@ -58,17 +54,6 @@ public final class LocalProjection {
         }
       }
     }
-  }
-
-  /**
-   * A digest of the session's settings: a projection was optimized under the settings it was built with (some
-   * expressions read one then, such as `spark.sql.json.enablePartialResults`), so other settings need another.
-   * A digest, not the settings: a Py4J reply over 8 KiB waits 40 ms (see `apply`).
-   */
-  public static String settings(SparkSession session) throws Exception {
-    String text = new TreeMap<>(CollectionConverters.asJava(session.conf().getAll())).toString();
-    byte[] digest = MessageDigest.getInstance("SHA-256").digest(text.getBytes(StandardCharsets.UTF_8));
-    return HexFormat.of().formatHex(digest);
   }
 
   /**

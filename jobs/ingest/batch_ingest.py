@@ -52,8 +52,6 @@ from onceflow.jobs.delta.transactions import (
 from onceflow.jobs.ingest.batch_commit import Written, append_new, commit_once, merge_once
 from onceflow.jobs.ingest.dead_letters import COLUMNS as DEAD_LETTER_COLUMNS
 from onceflow.jobs.ingest.dead_letters import commit_dead_letters
-from onceflow.jobs.ingest.local_projection import LocalProjection
-from onceflow.jobs.ingest.plan_template import PlanTemplate
 from onceflow.jobs.ingest.result import IngestResult
 from onceflow.jobs.ingest.validation import batch_numbers, classify_numbered, explain_flagged
 from onceflow.jobs.sources.checkpoint import BatchPlan
@@ -61,8 +59,11 @@ from onceflow.jobs.sources.committed_plans import PLAN_KEY
 from onceflow.jobs.sources.landing import STREAM_STRIDE
 from onceflow.jobs.sources.reader import SourceRuntime
 from onceflow.resources.faults import crash_point
+from onceflow.resources.plan_template import PlanTemplate
 
 EVENT_TIMES_KEY = "onceflow_event_times"
+DRIVER_COLUMNS = ("reason", "unix_millis(event_time) AS t", "raw", "detail")
+"""What the driver reads of every record besides its raw columns, when the rows come to it whole."""
 _counter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onceflow-landed-count")
 
 
@@ -89,13 +90,15 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
     contract = RecordContract.of(pipeline)
     numbers = batch_numbers(contract, plan.planned_at_ms, plan.horizon_floor_ms, batch_id=plan.batch_id,
                             _ingested_ms=plan.planned_at_ms)
-    classified = _classified(spark, landed, contract, pipeline.time_bucket_ms, plan.horizon_floor_ms is not None,
-                             numbers)
     raw_columns = (
         "record_id", "event_time", *(quoted(f.name) for f in contract.schema), "payload", "source_position",
         "publish_time", "batch_id", "timestamp_millis(_ingested_ms) AS ingested_at", "time_bucket",
         *(quoted(f.name) for f in pipeline.source.bookkeeping), "ordinal",
     )
+    # Rows to the driver: the plan ends with the one projection the driver reads, so it is part of the template.
+    outputs = (*DRIVER_COLUMNS, *raw_columns) if rows_here else ()
+    classified = _classified(spark, landed, contract, pipeline.time_bucket_ms, plan.horizon_floor_ms is not None,
+                             numbers, outputs)
     if not rows_here:
         classified = classified.cache()
     try:
@@ -145,34 +148,38 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
 
 def _classified(
     spark: SparkSession, landed: DataFrame, contract: RecordContract, bucket_ms: int, with_floor: bool,
-    numbers: dict[str, int],
+    numbers: dict[str, int], outputs: tuple[str, ...],
 ) -> DataFrame:
-    """The batch's records classified (`classify`) with their time bucket: on a classic session, by the plan
-    analysed once for the pipeline (`PlanTemplate`)."""
+    """The batch's records classified (`classify`) with their time bucket, projected to `outputs` (SQL) unless it
+    is empty: on a classic session, by the plan analysed once for the pipeline (`PlanTemplate`)."""
     if not hasattr(spark, "_jsparkSession"):
-        return _bucketed(landed, numbers, contract=contract, bucket_ms=bucket_ms, with_floor=with_floor)
-    settings = LocalProjection.settings(spark)
-    template = _template(spark, contract, bucket_ms, with_floor, landed.schema, tuple(numbers), settings)
+        return _bucketed(landed, numbers, contract=contract, bucket_ms=bucket_ms, with_floor=with_floor,
+                         outputs=outputs)
+    settings = PlanTemplate.settings(spark)
+    template = _template(spark, contract, bucket_ms, with_floor, outputs, landed.schema, tuple(numbers), settings)
     return template(landed, numbers)
 
 
 @functools.lru_cache(maxsize=16)
 def _template(
-    spark: SparkSession, contract: RecordContract, bucket_ms: int, with_floor: bool, schema: T.StructType,
-    names: tuple[str, ...], settings: str,
+    spark: SparkSession, contract: RecordContract, bucket_ms: int, with_floor: bool, outputs: tuple[str, ...],
+    schema: T.StructType, names: tuple[str, ...], settings: str,
 ) -> PlanTemplate:
     """`_classified`'s plan for a pipeline, analysed once in `spark` under its `settings` (a digest of them)."""
-    build = functools.partial(_bucketed, contract=contract, bucket_ms=bucket_ms, with_floor=with_floor)
-    return PlanTemplate(spark, schema, build, names)
+    build = functools.partial(_bucketed, contract=contract, bucket_ms=bucket_ms, with_floor=with_floor,
+                              outputs=outputs)
+    return PlanTemplate(spark, schema, build, dict.fromkeys(names, 0))
 
 
 def _bucketed(
-    landed: DataFrame, numbers: dict[str, int], *, contract: RecordContract, bucket_ms: int, with_floor: bool
+    landed: DataFrame, numbers: dict[str, int], *, contract: RecordContract, bucket_ms: int, with_floor: bool,
+    outputs: tuple[str, ...],
 ) -> DataFrame:
     checked = classify_numbered(landed, contract, with_floor, numbers)
     # Projections are SQL text: each column built in Python costs round trips to the JVM.
-    return checked.selectExpr(*(quoted(name) for name in checked.columns if name != "attributes"),
-                              f"{bucket_of('event_time', bucket_ms)} AS time_bucket")
+    bucketed = checked.selectExpr(*(quoted(name) for name in checked.columns if name != "attributes"),
+                                  f"{bucket_of('event_time', bucket_ms)} AS time_bucket")
+    return bucketed.selectExpr(*outputs) if outputs else bucketed
 
 
 def _read(
@@ -183,9 +190,8 @@ def _read(
     column comes to the driver, where the rows are decided and delta-rs writes them (`rows_here`), or the batch is
     cached and the valid records stay a DataFrame over it."""
     try:
-        if rows_here:
-            slim = classified.selectExpr("reason", "unix_millis(event_time) AS t", "raw", "detail",
-                                         *raw_columns).toArrow()
+        if rows_here:  # `classified` is projected to `DRIVER_COLUMNS` and `raw_columns` already
+            slim = classified.toArrow()
             return slim, slim.filter(pc.is_null(slim["reason"])).drop_columns(["reason", "t", "raw", "detail"])
         slim = classified.selectExpr(
             "reason", "record_id", "ordinal", "unix_millis(event_time) AS t", "time_bucket", *DEAD_LETTER_COLUMNS

@@ -27,12 +27,6 @@ class LocalProjection:
         self._java = spark._jvm.io.onceflow.LocalProjection(template._jdf)
         self._output = [(f.name, f.dataType.simpleString()) for f in template.schema]
 
-    @staticmethod
-    def settings(spark: SparkSession) -> str:
-        """A digest of the classic session `spark`'s settings: a projection is built for one set of them (it is
-        optimized under them, and some expressions read a setting then: `spark.sql.json.enablePartialResults`)."""
-        return spark._jvm.io.onceflow.LocalProjection.settings(spark._jsparkSession)
-
     def __call__(self, table: pa.Table) -> pa.Table:
         """The projection of `table` (the input's columns, in order), one row for each of its rows."""
         columns = [_plain(column) for column in table.columns]

@@ -31,9 +31,10 @@ from pyspark.sql import types as T
 
 from onceflow.jobs.declare.record_contract import RecordContract
 from onceflow.jobs.declare.schema import quoted, type_ddl
-from onceflow.jobs.ingest.batch_values import with_batch_values
 from onceflow.jobs.ingest.local_projection import LocalProjection
 from onceflow.jobs.ingest.record_fields import OPTIONS, failure, narrowed, not_an_object, strict, wide
+from onceflow.resources.batch_values import with_batch_values
+from onceflow.resources.plan_template import PlanTemplate
 from onceflow.resources.spark_functions import JSON_RECORD, UTF8_TEXT, register_spark_functions
 
 FLAGGED = "flagged"
@@ -93,7 +94,7 @@ def classify_numbered(
     landed: DataFrame, contract: RecordContract, with_floor: bool, numbers: dict[str, int]
 ) -> DataFrame:
     """`classify`, given the batch's `numbers` (`batch_numbers`) and whether it has a horizon floor: its plan
-    depends on nothing else of the batch (`onceflow.jobs.ingest.plan_template`)."""
+    depends on nothing else of the batch (`onceflow.resources.plan_template`)."""
     if hasattr(landed, "_jdf"):  # a classic session's batch reads with `JSON_RECORD` and `UTF8_TEXT`
         register_spark_functions(landed.sparkSession)
     df = with_batch_values(landed, **numbers)
@@ -132,7 +133,7 @@ def explain_flagged(spark: SparkSession, contract: RecordContract, rows: pa.Tabl
     asked = pa.table({"payload": few["raw"], "record_id": few["record_id"], "event_time": few["event_time"],
                       "_i": pa.array(range(few.num_rows), pa.int64())})
     if hasattr(spark, "_jsparkSession"):
-        explained = _local_explanation(spark, contract, LocalProjection.settings(spark))(asked)
+        explained = _local_explanation(spark, contract, PlanTemplate.settings(spark))(asked)
     else:
         explained = spark.createDataFrame(asked).select(*_explanation(contract, connect=True)).toArrow().sort_by("_i")
     for name in ("reason", "detail", "record_id", "event_time"):

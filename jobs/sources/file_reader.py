@@ -8,58 +8,87 @@ offset>`, its bytes exactly as in the file (a line's trailing CR dropped).
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import time
 from urllib.parse import unquote, urlparse
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
 
 from onceflow.jobs.declare.declaration import Pipeline
 from onceflow.jobs.declare.durations import parse_duration
-from onceflow.jobs.declare.schema import sql_strings
 from onceflow.jobs.declare.sources import FileSource
 from onceflow.jobs.sources.checkpoint import BatchPlan, CheckpointStore, SourceCheckpoint
 from onceflow.jobs.sources.landed_ids import LandedRow
 from onceflow.jobs.sources.landing import STREAM_STRIDE, BatchOutcome
 from onceflow.jobs.sources.watermark import FileWatermark, WatermarkEstimator
+from onceflow.resources.batch_values import batch_value
 from onceflow.resources.files import JsonLinesDirectory
+from onceflow.resources.plan_template import BatchValues, PlanTemplate
 
 
 class UnlistedFileError(RuntimeError):
     """Spark's listing of a batch's files does not name one of them (it cannot be told apart from the others)."""
 
 
-def _file_lines(spark: SparkSession, paths: list[str]) -> DataFrame:
-    """Every line of the files at `paths` in one scan, with the index of its file in `paths` (`file`) and its byte
-    offset in that file (`offset`)."""
-    # lineSep "\n" keeps a CR in the line (so byte offsets add up); the text source keeps the bytes undecoded.
-    lines = spark.read.option("lineSep", "\n").text(paths)
+def _listed_uris(lines: DataFrame, paths: list[str]) -> list[str]:
+    """Spark's URIs of the files at `paths` that the text scan `lines` reads, in the order of `paths`."""
     # Spark names a line's file by a URI of its own spelling (some characters escaped): the one it listed, where
     # a local file is `file:/path` (the listing writes `file:///path`).
     listed = {os.path.normpath(unquote(urlparse(uri).path)): re.sub("^file:///", "file:/", uri)
               for uri in lines.inputFiles()}
     uris = [listed.get(os.path.normpath(path)) for path in paths]
-    if None in uris:
-        missing = [path for path, uri in zip(paths, uris, strict=True) if uri is None]
+    missing = [path for path, uri in zip(paths, uris, strict=True) if uri is None]
+    if missing:
         raise UnlistedFileError(f"Spark's listing of the batch's files does not name {missing}")
-    position = f"array_position({sql_strings(uris)}, _metadata.file_path)"
-    located = lines.selectExpr(
+    return [uri for uri in uris if uri is not None]
+
+
+def _landing(scan: DataFrame, values: BatchValues) -> DataFrame:
+    """The landing of a batch's files from their text scan (`value`, `file_path`, `block`: the start of the line's
+    file split) and the batch's values `uris` (Spark's URIs of its files, in the plan's order) and `relative`
+    (their paths in the source directory): every line that is not blank, with its file's index (a stream per
+    file) and its byte offset in that file."""
+    spark = scan.sparkSession
+    uris, relative = batch_value(spark, "uris", values["uris"]), batch_value(spark, "relative", values["relative"])
+    position = f"array_position({uris}, file_path)"
+    # SQL text: each column built in Python costs round trips to the JVM.
+    located = scan.selectExpr(
         "value",
         f"CAST(CASE WHEN {position} > 0 THEN {position} - 1 ELSE raise_error('a line of a file not in the batch') END"
         " AS INT) AS file",
-        "_metadata.file_block_start AS block",
+        "block",
     )
-    return located.selectExpr("value", "file", f"{_line_offsets(uris)} AS offset")
+    lines = located.selectExpr("value", "file", f"{_line_offsets(uris)} AS offset")
+    # A blank line (as the driver's count sees one: only ASCII whitespace) is skipped. The pattern is tried only
+    # on a line that starts as a blank one does: it decodes the whole line to a Java string first.
+    blank = ("value = '' OR left(value, 1) IN (' ', chr(9), chr(11), chr(12), chr(13)) AND "
+             r"value RLIKE '^[ \\t\\r\\x0B\\f]*$'")
+    return lines.filter(f"NOT ({blank})").selectExpr(
+        f"CAST(file AS BIGINT) * {STREAM_STRIDE} + offset AS ordinal",  # a stream per file
+        f"concat(element_at({relative}, file + 1), ':', offset) AS source_position",
+        "CAST(NULL AS TIMESTAMP) AS publish_time",
+        "CAST(NULL AS MAP<STRING, STRING>) AS attributes",
+        # Only a line that ends in CR is trimmed: trimming scans the whole line.
+        "CAST(CASE WHEN endswith(value, chr(13)) THEN trim(TRAILING chr(13) FROM value) ELSE value END AS BINARY)"
+        " AS data",
+    )
 
 
-def _line_offsets(uris: list[str]) -> str:
-    """SQL for the byte offset in its file of each line of a text scan of the files Spark listed as `uris` (columns
-    `value`, `file` and `block`, the start of the line's file split): summed as the lines are read, by
-    `onceflow_line_offset` (`LineOffsets.java`, beside this module; registered by
-    `onceflow.resources.spark_functions`)."""
+@functools.lru_cache(maxsize=8)
+def _landing_template(spark: SparkSession, scan_schema: T.StructType, settings: str) -> PlanTemplate:
+    """`_landing`'s plan, analysed once in the classic session `spark` under its `settings` (a digest of them)."""
+    return PlanTemplate(spark, scan_schema, _landing, {"uris": [""], "relative": [""]})
+
+
+def _line_offsets(uris: str) -> str:
+    """SQL for the byte offset in its file of each line of a text scan of the files at `uris` (SQL for Spark's URIs
+    of them; columns `value`, `file` and `block`): summed as the lines are read, by `onceflow_line_offset`
+    (`LineOffsets.java`, beside this module; registered by `onceflow.resources.spark_functions`)."""
     # The URI is needed (and made) only where a split starts inside a file; the executor opens it as its scan did.
-    uri = f"CASE WHEN block > 0 THEN element_at({sql_strings(uris)}, file + 1) END"
+    uri = f"CASE WHEN block > 0 THEN element_at({uris}, file + 1) END"
     return f"onceflow_line_offset(file, block, CAST(octet_length(value) + 1 AS INT), {uri}, monotonically_increasing_id())"
 
 
@@ -96,22 +125,13 @@ class FileReader:
 
     def landed(self, spark: SparkSession, plan: BatchPlan) -> DataFrame:
         paths = [self.directory.path_of(entry) for entry in plan.files]
-        lines = _file_lines(spark, paths)
-        relative = f"element_at({sql_strings(entry.path for entry in plan.files)}, file + 1)"
-        # SQL text: each column built in Python costs round trips to the JVM.
-        # A blank line (as the driver's count sees one: only ASCII whitespace) is skipped. The pattern is tried only
-        # on a line that starts as a blank one does: it decodes the whole line to a Java string first.
-        blank = ("value = '' OR left(value, 1) IN (' ', chr(9), chr(11), chr(12), chr(13)) AND "
-                 r"value RLIKE '^[ \\t\\r\\x0B\\f]*$'")
-        return lines.filter(f"NOT ({blank})").selectExpr(
-            f"CAST(file AS BIGINT) * {STREAM_STRIDE} + offset AS ordinal",  # a stream per file
-            f"concat({relative}, ':', offset) AS source_position",
-            "CAST(NULL AS TIMESTAMP) AS publish_time",
-            "CAST(NULL AS MAP<STRING, STRING>) AS attributes",
-            # Only a line that ends in CR is trimmed: trimming scans the whole line.
-            "CAST(CASE WHEN endswith(value, chr(13)) THEN trim(TRAILING chr(13) FROM value) ELSE value END AS BINARY)"
-            " AS data",
-        )
+        # lineSep "\n" keeps a CR in the line (so byte offsets add up); the text source keeps the bytes undecoded.
+        lines = spark.read.option("lineSep", "\n").text(paths)
+        values = {"uris": _listed_uris(lines, paths), "relative": [entry.path for entry in plan.files]}
+        scan = lines.selectExpr("value", "_metadata.file_path AS file_path", "_metadata.file_block_start AS block")
+        if not hasattr(spark, "_jsparkSession"):  # Spark Connect: its server analyses the plan
+            return _landing(scan, values)
+        return _landing_template(spark, scan.schema, PlanTemplate.settings(spark))(scan, values)
 
     def landed_count(self, plan: BatchPlan) -> int:
         # The driver reads each file once a batch, beside Spark's read of it (and before anything commits): to check
