@@ -45,12 +45,13 @@ def _ingest_in_batches(
     spark: SparkSession, incoming: Path, source: SourceRuntime, between: Callable[[int], None]
 ) -> tuple[list[Event], list]:
     """Four batches of 200 events over three hours; batches 2-4 each repeat 30 records of every earlier batch.
-    `between(k)` runs before batch k."""
+    `between(k)` runs before batch k, once the filters of the batch before are saved or held."""
     events, results = _events(), []
     for k in range(4):
         fresh = events[200 * k : 200 * (k + 1)]
         repeats = [e for j in range(k) for e in events[200 * j : 200 * j + 30]]
         _write(incoming, f"{k}.jsonl", fresh + repeats)
+        IdFilterStore.settle()
         between(k)
         results.append(run_micro_batch(lambda: spark, source))
     return events, results
@@ -110,7 +111,7 @@ def test_filters_restored_from_an_older_copy_catch_up_from_the_delta_log(
         if k == 3:
             shutil.rmtree(home / "filters")
             shutil.copytree(backup, home / "filters")
-            IdFilterStore._held.clear()  # as in a new process that finds the older copy
+            IdFilterStore.forget()  # as in a new process that finds the older copy
 
     events, results = _ingest_in_batches(spark, incoming, source, restore)
     _check(source, events, results)
@@ -132,7 +133,7 @@ def test_altered_filters_are_rebuilt_and_rows_deleted_from_the_table_leave_them(
     def damage(k: int) -> None:
         if k == 2:  # every fingerprint cleared, the manifest's digests left as they were
             _rewrite_buckets(home, np.zeros_like, sign=False)
-            IdFilterStore._held.clear()  # as in a new process: this one would reuse the filters it holds
+            IdFilterStore.forget()  # as in a new process: this one would reuse the filters it holds
         if k == 3:  # this process's filters are current: the delete reaches them only through the log
             deleted.extend(e.event_id for e in _events()[:10])  # batch 0's, repeated by batch 3
             DeltaTable(source.raw_path).delete(f"record_id IN ({', '.join(repr(i) for i in deleted)})")
@@ -160,7 +161,7 @@ def test_filters_of_another_table_or_another_hash_are_rebuilt(
             _rewrite_buckets(home, np.zeros_like, sign=True)
             (manifest_path,) = (home / "filters").rglob("manifest.json")
             manifest_path.write_text(json.dumps({**_saved_manifest(home), field: value}))
-            IdFilterStore._held.clear()  # as in a new process
+            IdFilterStore.forget()  # as in a new process
 
     events, results = _ingest_in_batches(spark, incoming, source, foreign)
     _check(source, events, results)
@@ -182,7 +183,7 @@ def test_buckets_changed_only_by_catching_up_are_saved_too(
     results, saved_versions = [], []
     for k, events in enumerate(batches):
         if k in (2, 3):
-            IdFilterStore._held.clear()  # a new process
+            IdFilterStore.forget()  # a new process
         _write(incoming, f"{k}.jsonl", events)
         results.append(run_micro_batch(lambda: spark, source))
         saved_versions.append(_saved_manifest(home)["version"])
@@ -198,6 +199,7 @@ def test_buckets_changed_only_by_catching_up_are_saved_too(
 
 
 def _saved_manifest(home: Path) -> dict:
+    IdFilterStore.settle()  # the last batch's filters are saved beside what follows it
     (manifest_path,) = (home / "filters").rglob("manifest.json")
     return json.loads(manifest_path.read_text())
 
@@ -235,7 +237,7 @@ def test_fingerprints_find_exactly_the_committed_ids(tmp_path: Path) -> None:
     store = IdFilterStore(open_store(str(tmp_path / "filters")), "raw", path)
     built = store.load(None)
     store.save(built)
-    IdFilterStore._held.clear()
+    IdFilterStore.forget()
     for filters in (built, store.load(None)):
         assert sorted(filters.buckets) == [0, 1, 2] and sum(b.count for b in filters.buckets.values()) == len(ids)
         never = [f"01{tail}-zzz", f"{tail}\U0001f601", "", "00"]

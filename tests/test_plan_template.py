@@ -43,20 +43,23 @@ def test_a_batch_bound_to_its_pipelines_analysed_plan_reads_as_the_plan_built_fo
     lines = [f'{{"id": "a", "at": {old}, "f": "x", "d": "1.5"}}', f'{{"id": "b", "at": {AT_MS}, "d": "1.234"}}',
              f'{{"id": "c", "at": {AT_MS + 2 * HOUR_MS}}}', '{"id": "d", "at": "yesterday"}']
     # The second batch is two hours later: its horizon floor leaves the first line behind, its clock takes the third.
-    batches = [(0, AT_MS, AT_MS - 4 * HOUR_MS), (1 << 40, AT_MS + 2 * HOUR_MS, AT_MS - 2 * HOUR_MS)]
+    # The third has no floor (an at-least-once batch, or one before any watermark): the first line is kept.
+    batches = [(0, AT_MS, AT_MS - 4 * HOUR_MS), (1 << 40, AT_MS + 2 * HOUR_MS, AT_MS - 2 * HOUR_MS),
+               (2 << 40, AT_MS + 2 * HOUR_MS, None)]
     reasons = [[None, "flagged", "event_time_out_of_range", "bad_event_time"],
-               ["beyond_dedup_horizon", "flagged", None, "bad_event_time"]]
+               ["beyond_dedup_horizon", "flagged", None, "bad_event_time"],
+               [None, "flagged", None, "bad_event_time"]]
     _template.cache_clear()
     for (first, batch_time, floor), expected in zip(batches, reasons, strict=True):
         numbers = batch_numbers(contract, batch_time, floor, batch_id=first + 7, _ingested_ms=batch_time)
         landed = _landed(spark, lines, first)
-        got = _classified(spark, landed, contract, HOUR_MS, True, numbers, outputs).orderBy("ordinal").toArrow()
-        built = _bucketed(landed, numbers, contract=contract, bucket_ms=HOUR_MS, with_floor=True, outputs=outputs)
+        got = _classified(spark, landed, contract, HOUR_MS, numbers, outputs).orderBy("ordinal").toArrow()
+        built = _bucketed(landed, numbers, contract=contract, bucket_ms=HOUR_MS, outputs=outputs)
         assert got.equals(built.orderBy("ordinal").toArrow())
         assert got["reason"].to_pylist() == expected
         assert got["batch_id"].to_pylist() == [first + 7] * 4
         assert got["ordinal"].to_pylist() == [first + i for i in range(4)]
-    # A classic session analysed the plan once, for both batches; Spark Connect's server analyses each batch's.
+    # A classic session analysed the plan once, for every batch; Spark Connect's server analyses each batch's.
     assert _template.cache_info().currsize == (1 if hasattr(spark, "_jsparkSession") else 0)
 
 

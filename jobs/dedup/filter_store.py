@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import ClassVar
 
 import pyarrow.dataset as ds
@@ -46,12 +48,21 @@ class IdFilterStore:
     they descend from is still the saved one) instead of reading and hashing every bucket again. Taken out while a
     batch uses them, so only a finished batch's state is ever reused."""
     _held_lock = threading.Lock()
+    _pending: ClassVar[dict[str, Future]] = {}
+    """Per table, the last batch's upkeep of its filters (`release_later`), which the next `load` waits for."""
+    _upkeep = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onceflow-id-filters")
 
     def __init__(self, store: ObjectStore, key: str, table_path: str) -> None:
         self.store, self.key, self.table_path = store, key, table_path
 
     def load(self, floor_bucket: int | None) -> IdFilters:
-        """The filters, caught up to the table's current version (rebuilt from the table when unusable)."""
+        """The filters, caught up to the table's current version (rebuilt from the table when unusable), once the
+        last batch's upkeep of them is done."""
+        with self._held_lock:
+            pending = self._pending.pop(self.table_path, None)
+        if pending is not None and pending.exception() is not None:
+            # Derived state: filters not handed back are read again (or rebuilt) and caught up from the log.
+            log.warning(f"{self.key}: the last batch's upkeep of its ID filters failed: {pending.exception()!r}")
         table = table_snapshot(self.table_path)
         latest, table_id = table.version(), table.metadata().id
         filters = self._read(floor_bucket, table_id)
@@ -78,6 +89,33 @@ class IdFilterStore:
         else:
             with self._held_lock:
                 self._held[self.table_path] = filters
+
+    def release_later(self, filters: IdFilters, upkeep: Callable[[IdFilters], None]) -> None:
+        """`upkeep(filters)` (a committed batch's IDs joining them), then `release`, beside what the process does
+        next: its next batch's `load` waits for them. A process killed before they finish loses nothing: the
+        filters are derived state, caught up from the log by whoever loads them next."""
+
+        def kept() -> None:
+            upkeep(filters)
+            self.release(filters)
+
+        with self._held_lock:
+            self._pending[self.table_path] = self._upkeep.submit(kept)
+
+    @classmethod
+    def settle(cls) -> None:
+        """Wait until every table's pending upkeep (`release_later`) is done: its filters saved or held."""
+        with cls._held_lock:
+            pending = list(cls._pending.values())
+        for upkeep in pending:
+            upkeep.exception()  # waits; a failure is reported by the table's next `load`
+
+    @classmethod
+    def forget(cls) -> None:
+        """`settle`, then let go of the filters every table holds: as a new process would find them."""
+        cls.settle()
+        with cls._held_lock:
+            cls._held.clear()
 
     def save(self, filters: IdFilters) -> None:
         """Write the buckets changed since the manifest the filters were read from, then a manifest naming those

@@ -97,8 +97,7 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
     )
     # Rows to the driver: the plan ends with the one projection the driver reads, so it is part of the template.
     outputs = (*DRIVER_COLUMNS, *raw_columns) if rows_here else ()
-    classified = _classified(spark, landed, contract, pipeline.time_bucket_ms, plan.horizon_floor_ms is not None,
-                             numbers, outputs)
+    classified = _classified(spark, landed, contract, pipeline.time_bucket_ms, numbers, outputs)
     if not rows_here:
         classified = classified.cache()
     try:
@@ -147,35 +146,32 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
 
 
 def _classified(
-    spark: SparkSession, landed: DataFrame, contract: RecordContract, bucket_ms: int, with_floor: bool,
-    numbers: dict[str, int], outputs: tuple[str, ...],
+    spark: SparkSession, landed: DataFrame, contract: RecordContract, bucket_ms: int, numbers: dict[str, int],
+    outputs: tuple[str, ...],
 ) -> DataFrame:
     """The batch's records classified (`classify`) with their time bucket, projected to `outputs` (SQL) unless it
     is empty: on a classic session, by the plan analysed once for the pipeline (`PlanTemplate`)."""
     if not hasattr(spark, "_jsparkSession"):
-        return _bucketed(landed, numbers, contract=contract, bucket_ms=bucket_ms, with_floor=with_floor,
-                         outputs=outputs)
+        return _bucketed(landed, numbers, contract=contract, bucket_ms=bucket_ms, outputs=outputs)
     settings = PlanTemplate.settings(spark)
-    template = _template(spark, contract, bucket_ms, with_floor, outputs, landed.schema, tuple(numbers), settings)
+    template = _template(spark, contract, bucket_ms, outputs, landed.schema, tuple(numbers), settings)
     return template(landed, numbers)
 
 
 @functools.lru_cache(maxsize=16)
 def _template(
-    spark: SparkSession, contract: RecordContract, bucket_ms: int, with_floor: bool, outputs: tuple[str, ...],
+    spark: SparkSession, contract: RecordContract, bucket_ms: int, outputs: tuple[str, ...],
     schema: T.StructType, names: tuple[str, ...], settings: str,
 ) -> PlanTemplate:
     """`_classified`'s plan for a pipeline, analysed once in `spark` under its `settings` (a digest of them)."""
-    build = functools.partial(_bucketed, contract=contract, bucket_ms=bucket_ms, with_floor=with_floor,
-                              outputs=outputs)
+    build = functools.partial(_bucketed, contract=contract, bucket_ms=bucket_ms, outputs=outputs)
     return PlanTemplate(spark, schema, build, dict.fromkeys(names, 0))
 
 
 def _bucketed(
-    landed: DataFrame, numbers: dict[str, int], *, contract: RecordContract, bucket_ms: int, with_floor: bool,
-    outputs: tuple[str, ...],
+    landed: DataFrame, numbers: dict[str, int], *, contract: RecordContract, bucket_ms: int, outputs: tuple[str, ...],
 ) -> DataFrame:
-    checked = classify_numbered(landed, contract, with_floor, numbers)
+    checked = classify_numbered(landed, contract, numbers)
     # Projections are SQL text: each column built in Python costs round trips to the JVM.
     bucketed = checked.selectExpr(*(quoted(name) for name in checked.columns if name != "attributes"),
                                   f"{bucket_of('event_time', bucket_ms)} AS time_bucket")
@@ -252,11 +248,15 @@ def _merge_with_filters(
     written = commit_once(spark, source, plan, source.raw_path, metadata, append)
     if held:
         filters, seen = held.pop()
-        if not written.replayed:
-            filters.add(prints.take(~seen), ids["time_bucket"].to_numpy()[~seen])
-            filters.version = own_commit_version(source.raw_path, metadata, after=filters.version)
-        filters.drop_below(floor)
-        store.release(filters)
+        new = None if written.replayed else (prints.take(~seen), ids["time_bucket"].to_numpy()[~seen])
+
+        def upkeep(filters: IdFilters) -> None:
+            if new is not None:
+                filters.add(*new)
+                filters.version = own_commit_version(source.raw_path, metadata, after=filters.version)
+            filters.drop_below(floor)
+
+        store.release_later(filters, upkeep)  # off the batch's path: only the next batch's lookup needs them
     return written
 
 

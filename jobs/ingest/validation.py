@@ -40,7 +40,7 @@ from onceflow.resources.spark_functions import JSON_RECORD, UTF8_TEXT, register_
 FLAGGED = "flagged"
 """The reason `classify` gives a record whose fields failed the conversion or onceflow's stricter checks, until
 `explain_flagged` says which value failed and how."""
-_BATCH_COLUMNS = ("_batch_time_ms", "_latest_ms", "_floor_ms", "_batch_time", "_latest", "_floor")
+_BATCH_COLUMNS = ("_batch_time_ms", "_latest_ms", "_floor_ms", "_has_floor", "_batch_time", "_latest", "_floor")
 
 
 def parse_time(text: Column) -> Column:
@@ -79,27 +79,27 @@ def classify(
     """Parse and validate every landed record; see the module docstring for the columns added. `batch` names
     further numbers of the batch (its id, say) to add as columns, the same on every row."""
     numbers = batch_numbers(contract, batch_time_ms, horizon_floor_ms, **batch)
-    return classify_numbered(landed, contract, horizon_floor_ms is not None, numbers)
+    return classify_numbered(landed, contract, numbers)
 
 
 def batch_numbers(
     contract: RecordContract, batch_time_ms: int, horizon_floor_ms: int | None, **batch: int
 ) -> dict[str, int]:
-    """The numbers of a batch that `classify` adds as columns (`batch`'s after its own), by name."""
+    """The numbers of a batch that `classify` adds as columns (`batch`'s after its own), by name. Whether the batch
+    has a horizon floor is a number too (`_has_floor`, 1 or 0), not a different plan: every batch of every
+    delivery mode then runs the same generated code, which the JVM compiles (and warms) once."""
     return {"_batch_time_ms": batch_time_ms, "_latest_ms": batch_time_ms + contract.max_clock_skew_ms,
-            "_floor_ms": horizon_floor_ms or 0, **batch}
+            "_floor_ms": horizon_floor_ms or 0, "_has_floor": int(horizon_floor_ms is not None), **batch}
 
 
-def classify_numbered(
-    landed: DataFrame, contract: RecordContract, with_floor: bool, numbers: dict[str, int]
-) -> DataFrame:
-    """`classify`, given the batch's `numbers` (`batch_numbers`) and whether it has a horizon floor: its plan
-    depends on nothing else of the batch (`onceflow.resources.plan_template`)."""
+def classify_numbered(landed: DataFrame, contract: RecordContract, numbers: dict[str, int]) -> DataFrame:
+    """`classify`, given the batch's `numbers` (`batch_numbers`): its plan depends on nothing else of the batch
+    (`onceflow.resources.plan_template`)."""
     if hasattr(landed, "_jdf"):  # a classic session's batch reads with `JSON_RECORD` and `UTF8_TEXT`
         register_spark_functions(landed.sparkSession)
     df = with_batch_values(landed, **numbers)
     # Spark Connect's columns and a classic session's are different objects: each kind is built once.
-    for stage in _stages(contract, with_floor, connect=not hasattr(landed, "_jdf")):
+    for stage in _stages(contract, connect=not hasattr(landed, "_jdf")):
         df = df.withColumns(stage)
     internal = {"data", "_rec", "_flag", "_bytes", "_undecoded", "_time_raw", "_verdict", *_BATCH_COLUMNS}
     # Naming the verdict's parts and dropping the internal columns is one projection (each costs an analysis),
@@ -170,7 +170,7 @@ def _explanation(contract: RecordContract, connect: bool) -> tuple[Column, ...]:
 
 
 @functools.cache
-def _stages(contract: RecordContract, with_floor: bool, connect: bool) -> tuple[dict[str, Column], ...]:
+def _stages(contract: RecordContract, connect: bool) -> tuple[dict[str, Column], ...]:
     """The columns `classify` adds, stage by stage (each stage reads only the ones before it).
 
     Built once per contract: a batch's own values (its time, its horizon floor) are columns of the batch, so
@@ -200,7 +200,7 @@ def _stages(contract: RecordContract, with_floor: bool, connect: bool) -> tuple[
             "bad_event_time",
             F.format_string("event time %s is neither RFC 3339 nor epoch milliseconds", F.substring("_time_raw", 1, 60)),
         ),
-        _time_range(contract, with_floor),
+        _time_range(contract),
     ]
     # One chain of conditions gives both the reason and its detail: each check is evaluated once per record.
     verdict = F.struct(F.lit(None).cast("string").alias("reason"), F.lit(None).cast("string").alias("detail"))
@@ -221,9 +221,9 @@ def _stages(contract: RecordContract, with_floor: bool, connect: bool) -> tuple[
     )
 
 
-def _time_range(contract: RecordContract, with_floor: bool) -> tuple[Column, Column, Column]:
-    """The check that the event time is at most `max_clock_skew` after the batch time and, `with_floor`, not before
-    the horizon floor: one check, so the event time's text appears once in the chain. Spark evaluates for every
+def _time_range(contract: RecordContract) -> tuple[Column, Column, Column]:
+    """The check that the event time is at most `max_clock_skew` after the batch time and, where the batch has a
+    horizon floor, not before it: one check, so the event time's text appears once in the chain. Spark evaluates for every
     record, ahead of the chain, a value that two of its branches share (its common subexpressions): a time as text
     in two details cost a tenth of a clean batch."""
     event_time = F.col("event_time")
@@ -234,7 +234,7 @@ def _time_range(contract: RecordContract, with_floor: bool) -> tuple[Column, Col
     ).otherwise(F.lit("event time %s is older than the dedup horizon (%s)"))
     bound = F.when(late, F.col("_batch_time")).otherwise(F.col("_floor")).cast("string")
     detail = F.call_function("format_string", pattern, event_time.cast("string"), bound)  # a pattern per record
-    return (late | (event_time < F.col("_floor"))) if with_floor else late, reason, detail
+    return late | ((F.col("_has_floor") == 1) & (event_time < F.col("_floor"))), reason, detail
 
 
 def _located(contract: RecordContract, attribute: str | None, field: str | None) -> tuple[Column, Column | None]:
