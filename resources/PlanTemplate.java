@@ -49,8 +49,9 @@ public final class PlanTemplate {
   private final List<String> names;
 
   /**
-   * A digest of the session's settings: a plan was analysed and a projection optimized under the settings it was built with (some
-   * expressions read one then, such as `spark.sql.json.enablePartialResults`), so other settings need another.
+   * A digest of the session's settings: a template was analysed (and a projection optimized) under the settings it
+   * was built with (some expressions read one then, such as `spark.sql.json.enablePartialResults`), so other
+   * settings need another.
    * A digest, not the settings: a Py4J reply over 8 KiB waits 40 ms (see `apply`).
    */
   public static String settings(SparkSession session) throws Exception {
