@@ -13,7 +13,7 @@ from onceflow.jobs.declare.schema import parse_schema
 from onceflow.jobs.ingest.batch_ingest import DRIVER_COLUMNS, _bucketed, _classified, _template
 from onceflow.jobs.ingest.validation import batch_numbers
 from onceflow.jobs.sources.checkpoint import BatchPlan
-from onceflow.jobs.sources.file_reader import _landing, _landing_template, _listed_uris
+from onceflow.jobs.sources.file_reader import _landing, _landing_template, _listed_uris, _located
 from onceflow.jobs.sources.reader import open_source
 from onceflow.resources.files import fingerprint
 from onceflow.resources.lake import LakeResource
@@ -81,9 +81,8 @@ def test_batches_of_files_bound_to_the_analysed_landing_read_as_the_landing_buil
                          files=tuple(entries[f] for f in files))
         got = source.reader.landed(spark, plan).orderBy("ordinal").toArrow()
         paths = [str(incoming / f) for f in files]
-        lines = spark.read.option("lineSep", "\n").text(paths)
-        scan = lines.selectExpr("value", "_metadata.file_path AS file_path", "_metadata.file_block_start AS block")
-        built = _landing(scan, {"uris": _listed_uris(lines, paths), "relative": files})
+        lines = spark.read.option("lineSep", "\n").text(paths)  # as a Spark user reads them
+        built = _landing(_located(lines), {"uris": _listed_uris(lines.inputFiles(), paths), "relative": files})
         assert got.equals(built.orderBy("ordinal").toArrow())
         # Blank lines skipped, offsets in bytes, a stream per file in the plan's order, a CR dropped.
         expected = {1: [(0, "a.jsonl:0", b'{"n": 1}'), (14, "a.jsonl:14", b'{"n": 2}'),

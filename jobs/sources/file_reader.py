@@ -9,6 +9,7 @@ offset>`, its bytes exactly as in the file (a line's trailing CR dropped).
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 import time
@@ -33,13 +34,13 @@ class UnlistedFileError(RuntimeError):
     """Spark's listing of a batch's files does not name one of them (it cannot be told apart from the others)."""
 
 
-def _listed_uris(lines: DataFrame, paths: list[str]) -> list[str]:
-    """Spark's URIs of the files at `paths` that the text scan `lines` reads, in the order of `paths`."""
+def _listed_uris(listed: list[str], paths: list[str]) -> list[str]:
+    """Spark's URIs of the files at `paths` (from `listed`, the URIs of a text scan of them), in the order of
+    `paths`."""
     # Spark names a line's file by a URI of its own spelling (some characters escaped): the one it listed, where
     # a local file is `file:/path` (the listing writes `file:///path`).
-    listed = {os.path.normpath(unquote(urlparse(uri).path)): re.sub("^file:///", "file:/", uri)
-              for uri in lines.inputFiles()}
-    uris = [listed.get(os.path.normpath(path)) for path in paths]
+    by_path = {os.path.normpath(unquote(urlparse(uri).path)): re.sub("^file:///", "file:/", uri) for uri in listed}
+    uris = [by_path.get(os.path.normpath(path)) for path in paths]
     missing = [path for path, uri in zip(paths, uris, strict=True) if uri is None]
     if missing:
         raise UnlistedFileError(f"Spark's listing of the batch's files does not name {missing}")
@@ -75,6 +76,11 @@ def _landing(scan: DataFrame, values: BatchValues) -> DataFrame:
         "CAST(CASE WHEN endswith(value, chr(13)) THEN trim(TRAILING chr(13) FROM value) ELSE value END AS BINARY)"
         " AS data",
     )
+
+
+def _located(lines: DataFrame) -> DataFrame:
+    """A text scan's lines with their file and where the file's split starts (what `_landing` reads)."""
+    return lines.selectExpr("value", "_metadata.file_path AS file_path", "_metadata.file_block_start AS block")
 
 
 @functools.lru_cache(maxsize=8)
@@ -125,13 +131,15 @@ class FileReader:
 
     def landed(self, spark: SparkSession, plan: BatchPlan) -> DataFrame:
         paths = [self.directory.path_of(entry) for entry in plan.files]
-        # lineSep "\n" keeps a CR in the line (so byte offsets add up); the text source keeps the bytes undecoded.
-        lines = spark.read.option("lineSep", "\n").text(paths)
-        values = {"uris": _listed_uris(lines, paths), "relative": [entry.path for entry in plan.files]}
-        scan = lines.selectExpr("value", "_metadata.file_path AS file_path", "_metadata.file_block_start AS block")
+        relative = [entry.path for entry in plan.files]
         if not hasattr(spark, "_jsparkSession"):  # Spark Connect: its server analyses the plan
-            return _landing(scan, values)
-        return _landing_template(spark, scan.schema, PlanTemplate.settings(spark))(scan, values)
+            # lineSep "\n" keeps a CR in the line (so byte offsets add up); the text source keeps the bytes as read.
+            lines = spark.read.option("lineSep", "\n").text(paths)
+            return _landing(_located(lines), {"uris": _listed_uris(lines.inputFiles(), paths), "relative": relative})
+        scan = spark._jvm.io.onceflow.TextScan.of(spark._jsparkSession, json.dumps(paths))  # the same, read directly
+        values = {"uris": _listed_uris(list(scan.uris()), paths), "relative": relative}
+        lines = _located(DataFrame(scan.lines(), spark))
+        return _landing_template(spark, lines.schema, PlanTemplate.settings(spark))(lines, values)
 
     def landed_count(self, plan: BatchPlan) -> int:
         # The driver reads each file once a batch, beside Spark's read of it (and before anything commits): to check
