@@ -36,6 +36,7 @@ class Config:
     files: int = 20
     files_per_batch: int = 4
     rounds: int = 3
+    warm_ups: int = 2  # discarded passes of every contender before the timed rounds
 
 
 @dataclass
