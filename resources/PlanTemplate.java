@@ -102,7 +102,9 @@ public final class PlanTemplate {
     }
     LogicalPlan input = new Project(seq(renamed), landed.queryExecution().analyzed());
     JsonNode byName = JSON.readTree(values);
-    if (!new HashSet<>(names).equals(Set.copyOf(iterable(byName.fieldNames())))) {
+    Set<String> given = new HashSet<>();
+    byName.fieldNames().forEachRemaining(given::add);
+    if (!given.equals(new HashSet<>(names))) {
       throw new IllegalArgumentException("values of " + values + " for the template's " + names);
     }
     // The batch's values go into the template before its rows do: the rows' plan may hold values of its own.
@@ -135,12 +137,6 @@ public final class PlanTemplate {
       return new GenericArrayData(texts.toArray());
     }
     throw new IllegalArgumentException(value.name() + " is a " + value.dataType().simpleString() + ", not " + json);
-  }
-
-  private static <T> List<T> iterable(java.util.Iterator<T> items) {
-    List<T> list = new ArrayList<>();
-    items.forEachRemaining(list::add);
-    return list;
   }
 
   private LogicalPlan replace(LogicalPlan node, LogicalPlan input) {
