@@ -2,7 +2,9 @@
 
 Files are discovered in sorted order of their relative paths; each is fingerprinted (size and SHA-256) when a
 batch takes it, and checked again when it is read, so a file that changed after it was taken is an error that
-names it rather than a silent re-ingest. Writers should move finished files into the directory atomically.
+names it rather than a silent re-ingest. Writers should move finished files into the directory atomically. An
+empty file is not taken until it has bytes: a producer that creates a file and then writes it (one write, as small
+files are) is seen between the two, and an empty file holds no record anyway.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ class JsonLinesDirectory:
         self.pattern = pattern
 
     def discover(self, taken: set[str], max_files: int, max_bytes: int) -> list[FileEntry]:
-        """New files in sorted order, at least one and otherwise up to `max_files` / `max_bytes`."""
+        """New non-empty files in sorted order, at least one and otherwise up to `max_files` / `max_bytes`."""
         entries: list[FileEntry] = []
         total = 0
         for path in sorted(self.directory.rglob(self.pattern)):
@@ -40,6 +42,8 @@ class JsonLinesDirectory:
             if rel in taken or not path.is_file():
                 continue
             entry = fingerprint(self.directory, rel)
+            if not entry.size:
+                continue
             if entries and (len(entries) >= max_files or total + entry.size > max_bytes):
                 break
             entries.append(entry)

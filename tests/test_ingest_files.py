@@ -234,6 +234,19 @@ def test_a_file_changed_after_planning_is_an_error_naming_it(
     assert not Path(source.raw_path).exists() or read_rows(source.raw_path, ["record_id"]) == []
 
 
+def test_an_empty_file_is_taken_once_it_has_bytes(incoming: Path, home: Path) -> None:
+    """A producer that creates a file and then writes it is seen between the two: the empty file is not taken
+    (a batch taking it would find other bytes when it reads it), and the file is taken whole once written."""
+    source = source_for(builtin("events"), home)
+    (incoming / "a.jsonl").touch()
+    assert not source.reader.has_data(source.checkpoints.load()) and plan_next(source) is None
+    sent = make_events(3, START_MS, 1_000, prefix="e")
+    write_jsonl(incoming / "a.jsonl", [e.json_line() for e in sent])
+    plan = plan_next(source)
+    assert plan is not None and [(f.path, f.size) for f in plan.files] == [("a.jsonl", (incoming / "a.jsonl").stat().st_size)]
+    assert [line for _, line in source.reader.directory.lines(plan.files[0])] == [e.json_line().encode() for e in sent]
+
+
 def test_a_warm_run_takes_each_new_batch_as_its_own_materialization(incoming: Path, home: Path, tmp_path: Path) -> None:
     """`ONCEFLOW_MICRO_BATCH_RUN_S`: one run commits a batch, polls, and commits the next file as batch 2, each
     recorded as a materialization of `raw_events` with when it was requested and committed."""
@@ -306,6 +319,8 @@ def test_a_warm_run_hands_over_to_the_next_run_without_a_gap(incoming: Path, hom
     # a second or more, so files wait in the gap between its last poll and the second run's first.
     deadline, released_at = time.monotonic() + 150, None
     while released_at is None or time.monotonic() < released_at + 2:
+        ended = "\n".join(o.stdout[-3000:] + o.stderr[-3000:] for o in outcomes)
+        assert not outcomes, f"a run ended before the first released the source:\n{ended}"
         assert time.monotonic() < deadline, "waited 150 s for the first run to release the source"
         events = make_events(5, START_MS + 60_000, 60_000, seed=len(sent), prefix=f"h{len(sent)}-")
         write_jsonl(incoming / f"{len(sent)}.jsonl", [e.json_line() for e in events])
