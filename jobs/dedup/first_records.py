@@ -15,21 +15,20 @@ from pyspark.sql import functions as F
 
 
 def first_ids(valid: pa.Table) -> tuple[pa.Table, np.ndarray]:
-    """The first record of each ID (`record_id, time_bucket, ordinal`), and the ordinals of the rest. A NULL ID is
-    one ID too.
+    """The first record of each ID (the rows of `valid`, by its `record_id` and `ordinal`), and the ordinals of the
+    rest. A NULL ID is one ID too.
 
     In landing order, a record is the first of its ID when its ID's code (numbered by first appearance) exceeds
     every code before it: one pass, where grouping by ID and matching the minimum ordinals back took twice as long.
     """
-    rows = valid.select(["record_id", "time_bucket", "ordinal"])
-    ordinals = rows["ordinal"].to_numpy()
+    ordinals = valid["ordinal"].to_numpy()
     order = np.argsort(ordinals, kind="stable")  # a batch's rows come as runs already sorted (files, partitions)
-    landed = pc.take(rows["record_id"], pa.array(order))
+    landed = pc.take(valid["record_id"], pa.array(order))
     codes = pc.dictionary_encode(landed.combine_chunks(), null_encoding="encode").indices.to_numpy()
     seen_before = np.maximum.accumulate(np.concatenate(([-1], codes[:-1])))
     kept = np.empty(len(order), bool)
     kept[order] = codes > seen_before
-    return rows.filter(pa.array(kept)), ordinals[~kept]
+    return valid.filter(pa.array(kept)), ordinals[~kept]
 
 
 def without_ordinals(rows: DataFrame | pa.Table, ordinals: np.ndarray) -> DataFrame | pa.Table:

@@ -35,6 +35,8 @@ from pydantic import BaseModel
 SCHEME = "siphash24x2-onceflow2/sorted128"
 """Names the hashing and layout; filters written under another scheme are rebuilt, never trusted."""
 _HASH_KEYS = ("onceflow-ids-001", "onceflow-ids-002")
+ID_HASH_COLUMNS = ("id_hash_first", "id_hash_second")
+"""A batch's fingerprint halves, where its Spark stage computed them (`id_hash_sql`)."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,21 @@ def id_hashes(ids: pa.Array | pa.ChunkedArray) -> Fingerprints:
     """The fingerprint of each record ID: stable across processes (fixed keys)."""
     values = np.asarray(ids.to_numpy(zero_copy_only=False), dtype=object)
     first, second = (pd.util.hash_array(values, hash_key=key, categorize=False) for key in _HASH_KEYS)
+    return Fingerprints(first, second)
+
+
+def id_hash_sql(column: str = "record_id") -> tuple[str, ...]:
+    """SQL outputs computing the fingerprint halves of `column` in a Spark stage, on its executors, bit for bit as
+    `id_hashes` does (`onceflow_id_hash`, `IdHash.java`: classic sessions only)."""
+    return tuple(f"onceflow_id_hash({column}, '{key}') AS {name}" for key, name in zip(_HASH_KEYS, ID_HASH_COLUMNS, strict=True))
+
+
+def batch_fingerprints(ids: pa.Table) -> Fingerprints:
+    """The fingerprints of the (non-NULL) record IDs of `ids`: from its `ID_HASH_COLUMNS` where the batch's Spark
+    stage computed them, else hashed here."""
+    if ID_HASH_COLUMNS[0] not in ids.column_names:
+        return id_hashes(ids["record_id"])
+    first, second = (ids[name].to_numpy().view(np.uint64) for name in ID_HASH_COLUMNS)
     return Fingerprints(first, second)
 
 

@@ -33,15 +33,17 @@ public abstract class CompiledFunction extends Expression implements Serializabl
 
   /**
    * Register onceflow's compiled functions in {@code session}: {@code onceflow_batch_value} ({@link BatchValue}),
-   * {@code onceflow_json_record}, {@code onceflow_utf8}.
+   * {@code onceflow_json_record}, {@code onceflow_utf8}, {@code onceflow_id_hash} ({@link IdHash}).
    */
   public static void register(SparkSession session) {
     Function1<Seq<Expression>, Expression> value = BatchValue::build;
     Function1<Seq<Expression>, Expression> json = JsonRecord::build;
     Function1<Seq<Expression>, Expression> utf8 = Utf8Text::build;
+    Function1<Seq<Expression>, Expression> idHash = IdHash::build;
     session.sessionState().functionRegistry().createOrReplaceTempFunction("onceflow_batch_value", value, "java_udf");
     session.sessionState().functionRegistry().createOrReplaceTempFunction("onceflow_json_record", json, "java_udf");
     session.sessionState().functionRegistry().createOrReplaceTempFunction("onceflow_utf8", utf8, "java_udf");
+    session.sessionState().functionRegistry().createOrReplaceTempFunction("onceflow_id_hash", idHash, "java_udf");
   }
 
   /** The value for a non-NULL {@code argument}, or null. */
@@ -75,10 +77,13 @@ public abstract class CompiledFunction extends Expression implements Serializabl
   @Override
   public ExprCode doGenCode(CodegenContext ctx, ExprCode ev) {
     ExprCode argument = child.genCode(ctx);
+    // A primitive value (a BIGINT) is never NULL for an argument that is not.
+    boolean primitive = CodeGenerator.isPrimitiveType(dataType());
     String code = argument.code() + "\nboolean " + ev.isNull() + " = " + argument.isNull() + ";\n"
-        + CodeGenerator.javaType(dataType()) + " " + ev.value() + " = null;\nif (!" + ev.isNull() + ") {\n  "
-        + ev.value() + " = " + callCode(ctx, argument.value().toString()) + ";\n  " + ev.isNull() + " = "
-        + ev.value() + " == null;\n}";
+        + CodeGenerator.javaType(dataType()) + " " + ev.value() + " = "
+        + (primitive ? CodeGenerator.defaultValue(dataType(), false) : "null") + ";\nif (!" + ev.isNull() + ") {\n  "
+        + ev.value() + " = " + callCode(ctx, argument.value().toString()) + ";\n"
+        + (primitive ? "" : "  " + ev.isNull() + " = " + ev.value() + " == null;\n") + "}";
     return new ExprCode(new CodeBlock(CollectionConverters.asScala(List.of(code)).toList(),
         CollectionConverters.asScala(List.<JavaCode>of()).toList()), ev.isNull(), ev.value());
   }

@@ -34,7 +34,13 @@ from onceflow.jobs.declare.record_contract import RecordContract
 from onceflow.jobs.declare.schema import has_variant, quoted
 from onceflow.jobs.dedup.filter_store import IdFilterStore
 from onceflow.jobs.dedup.first_records import first_ids, without_ordinals
-from onceflow.jobs.dedup.id_filters import Fingerprints, IdFilters, id_hashes
+from onceflow.jobs.dedup.id_filters import (
+    ID_HASH_COLUMNS,
+    Fingerprints,
+    IdFilters,
+    batch_fingerprints,
+    id_hash_sql,
+)
 from onceflow.jobs.delta.commit_log import ATTEMPT_KEY, own_commit_version
 from onceflow.jobs.delta.raw_table import (
     DEAD_LETTER_SCHEMA,
@@ -96,7 +102,10 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
         *(quoted(f.name) for f in pipeline.source.bookkeeping), "ordinal",
     )
     # Rows to the driver: the plan ends with the one projection the driver reads, so it is part of the template.
-    outputs = (*DRIVER_COLUMNS, *raw_columns) if rows_here else ()
+    # The ID filters' fingerprints of the records are computed there too, on a classic session (`IdHash.java`).
+    hashed = (hasattr(spark, "_jsparkSession") and pipeline.delivery == "exactly_once"
+              and source.id_filters is not None)
+    outputs = (*DRIVER_COLUMNS, *(id_hash_sql() if hashed else ()), *raw_columns) if rows_here else ()
     classified = _classified(spark, landed, contract, pipeline.time_bucket_ms, numbers, outputs)
     if not rows_here:
         classified = classified.cache()
@@ -124,8 +133,8 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
             result.replayed, result.lost_race, result.inserted = written.replayed, written.lost_race, written.inserted
             return result
         # The few columns the dedup reads are filtered, not the rows' payloads.
-        firsts, repeats = first_ids(slim.select(["record_id", "time_bucket", "ordinal"]).filter(
-            pc.is_null(slim["reason"])))
+        dedup_columns = ["record_id", "time_bucket", "ordinal", *(c for c in ID_HASH_COLUMNS if c in slim.column_names)]
+        firsts, repeats = first_ids(slim.select(dedup_columns).filter(pc.is_null(slim["reason"])))
         unique_count = firsts.num_rows
         if source.id_filters is None:
             unique = without_ordinals(valid, repeats)
@@ -188,7 +197,8 @@ def _read(
     try:
         if rows_here:  # `classified` is projected to `DRIVER_COLUMNS` and `raw_columns` already
             slim = classified.toArrow()
-            return slim, slim.filter(pc.is_null(slim["reason"])).drop_columns(["reason", "t", "raw", "detail"])
+            driver_only = ["reason", "t", "raw", "detail", *(c for c in ID_HASH_COLUMNS if c in slim.column_names)]
+            return slim, slim.filter(pc.is_null(slim["reason"])).drop_columns(driver_only)
         slim = classified.selectExpr(
             "reason", "record_id", "ordinal", "unix_millis(event_time) AS t", "time_bucket", *DEAD_LETTER_COLUMNS
         ).toArrow()
@@ -229,7 +239,7 @@ def _merge_with_filters(
     """
     ids, repeats = dedup
     floor = None if plan.horizon_floor_ms is None else plan.horizon_floor_ms // source.pipeline.time_bucket_ms
-    prints = id_hashes(ids["record_id"])
+    prints = batch_fingerprints(ids)
     transactions = iter([begun])  # the one begun ahead serves the first attempt; a retry starts afresh
     held: list[tuple[IdFilters, np.ndarray]] = []  # the last try's filters, and which IDs they held
 

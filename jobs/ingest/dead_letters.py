@@ -32,7 +32,7 @@ def commit_dead_letters(
 ) -> Written:
     """Append the batch's dead letters (`dead`: the rows of its driver-side columns whose `reason` is set) whose IDs
     the table does not hold, the first of each ID."""
-    firsts, _ = first_ids(dead)
+    firsts, _ = first_ids(dead.select(["record_id", "ordinal"]))
     dead = dead.filter(pc.is_in(dead["ordinal"], value_set=firsts["ordinal"]))
     size = dead.num_rows
     rows = pa.table({
