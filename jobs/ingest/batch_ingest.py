@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
@@ -57,9 +58,9 @@ from onceflow.jobs.delta.transactions import (
 )
 from onceflow.jobs.ingest.batch_commit import Written, append_new, commit_once, merge_once
 from onceflow.jobs.ingest.dead_letters import COLUMNS as DEAD_LETTER_COLUMNS
-from onceflow.jobs.ingest.dead_letters import commit_dead_letters
+from onceflow.jobs.ingest.dead_letters import commit_explained
 from onceflow.jobs.ingest.result import IngestResult
-from onceflow.jobs.ingest.validation import batch_numbers, classify_numbered, explain_flagged
+from onceflow.jobs.ingest.validation import batch_numbers, classify_numbered
 from onceflow.jobs.sources.checkpoint import BatchPlan
 from onceflow.jobs.sources.committed_plans import PLAN_KEY
 from onceflow.jobs.sources.landing import STREAM_STRIDE
@@ -71,6 +72,7 @@ EVENT_TIMES_KEY = "onceflow_event_times"
 DRIVER_COLUMNS = ("reason", "unix_millis(event_time) AS t", "raw", "detail")
 """What the driver reads of every record besides its raw columns, when the rows come to it whole."""
 _counter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onceflow-landed-count")
+_dead_letters = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onceflow-dead-letters")
 
 
 def ensure_tables(source: SourceRuntime) -> None:
@@ -107,11 +109,11 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
               and source.id_filters is not None)
     outputs = (*DRIVER_COLUMNS, *(id_hash_sql() if hashed else ()), *raw_columns) if rows_here else ()
     classified = _classified(spark, landed, contract, pipeline.time_bucket_ms, numbers, outputs)
+    pending: Future | None = None
     if not rows_here:
         classified = classified.cache()
     try:
         slim, valid = _read(classified, raw_columns, rows_here, counted)
-        slim = explain_flagged(spark, contract, slim)
         if begun is not None:
             begun.result()  # the tables exist from here on
         result.landed = counted.result()  # before anything commits: a landing that cannot be counted stops the batch
@@ -120,14 +122,16 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
             result.landed = source.reader.recount(plan, result.landed)
         if result.min_event_time_ms is not None:  # and its event times, for the watermark and the windows
             metadata[EVENT_TIMES_KEY] = [result.min_event_time_ms, result.max_event_time_ms]
-        if result.dead_lettered:
-            written = commit_dead_letters(spark, source, plan, slim.filter(pc.is_valid(slim["reason"])), metadata)
-            result.dead_lettered_new = written.inserted
         # Dead letters commit first, raw last: a batch is committed once raw holds it (`micro_batch.lake_batch`).
-        crash_point("ingest.after_dead_letters")
-        valid_count = result.received - result.dead_lettered_total
+        # They are explained and committed on a thread of their own while the valid records are decided.
+        dead = slim.filter(pc.is_valid(slim["reason"]))
+        if dead.num_rows:
+            pending = _dead_letters.submit(commit_explained, spark, source, plan, contract, dead, metadata, result)
+        dead_letters_first = functools.cache(functools.partial(_dead_letters_committed, pending))  # once a batch
+        valid_count = result.received - dead.num_rows
         if pipeline.delivery == "at_least_once":
             rows = without_ordinals(valid, np.array([], np.int64))
+            dead_letters_first()
             written = append_new(spark, source, plan, rows, valid_count, metadata, begun)
             result.raw_version = latest_version(source.raw_path)
             result.replayed, result.lost_race, result.inserted = written.replayed, written.lost_race, written.inserted
@@ -139,10 +143,12 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
         if source.id_filters is None:
             unique = without_ordinals(valid, repeats)
             horizon = _horizon(plan.horizon_floor_ms, pipeline.time_bucket_ms)
+            dead_letters_first()
             written = merge_once(spark, source, plan, unique, source.raw_path, horizon, metadata)
         else:
             written = _merge_with_filters(spark, source, source.id_filters, plan, valid, (firsts, repeats), metadata,
-                                          result, begun)
+                                          result, (begun, dead_letters_first))
+            dead_letters_first()  # a replay appends nothing, so it did not wait for them
         result.duplicates_in_batch = valid_count - unique_count
         result.raw_version = latest_version(source.raw_path)
         result.replayed, result.lost_race = written.replayed, result.lost_race or written.lost_race
@@ -150,8 +156,17 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
         result.duplicates_committed = unique_count - written.inserted
         return result
     finally:
+        if pending is not None:
+            pending.exception()  # nothing of a batch outlives it, the error raised already when there was one
         if not rows_here:
             classified.unpersist()
+
+
+def _dead_letters_committed(pending: Future | None) -> None:
+    """Wait for the batch's dead letters to be committed (raising what failed), before its raw commit."""
+    if pending is not None:
+        pending.result()
+    crash_point("ingest.after_dead_letters")
 
 
 def _classified(
@@ -228,11 +243,13 @@ def _horizon(horizon_floor_ms: int | None, bucket_ms: int) -> str:
 
 def _merge_with_filters(
     spark: SparkSession, source: SourceRuntime, store: IdFilterStore, plan: BatchPlan, valid: DataFrame | pa.Table,
-    dedup: tuple[pa.Table, np.ndarray], metadata: dict, result: IngestResult, begun: Future | None,
+    dedup: tuple[pa.Table, np.ndarray], metadata: dict, result: IngestResult,
+    before: tuple[Future | None, Callable[[], None]],
 ) -> Written:
     """Commit the first record of each ID of a batch's `valid` records (`dedup`: those firsts' `record_id,
     time_bucket, ordinal`, and the ordinals of the repeats) unless the table holds its ID, as the ID filters say;
-    then the batch's IDs join the filters.
+    then the batch's IDs join the filters. `before`: the append's transaction if begun, and what must be done before
+    the raw commit (the batch's dead letters committed).
 
     The append is made on the very table version the filters answered for, and any commit since, whatever its app
     id, makes it fail: then it is decided again against the filters caught up with that commit, and retried.
@@ -240,6 +257,7 @@ def _merge_with_filters(
     ids, repeats = dedup
     floor = None if plan.horizon_floor_ms is None else plan.horizon_floor_ms // source.pipeline.time_bucket_ms
     prints = batch_fingerprints(ids)
+    begun, dead_letters_first = before
     transactions = iter([begun])  # the one begun ahead serves the first attempt; a retry starts afresh
     held: list[tuple[IdFilters, np.ndarray]] = []  # the last try's filters, and which IDs they held
 
@@ -251,6 +269,7 @@ def _merge_with_filters(
         held.append((filters, seen))
         dropped = ids["ordinal"].filter(pa.array(seen)).to_numpy()
         rows = without_ordinals(valid, np.concatenate([repeats, dropped]))  # one filter drops both kinds
+        dead_letters_first()
         written = append_once(rows, source.raw_path, source.app_id, plan.batch_id, metadata,
                               next(transactions, None), read_version=filters.version)
         return ids.num_rows - len(dropped) if written else None
@@ -279,10 +298,9 @@ def _seen(filters: IdFilters, prints: Fingerprints, result: IngestResult) -> np.
 
 
 def _summarize(slim: pa.Table, result: IngestResult) -> None:
-    """Counts per reason and the valid records' event-time range, from the batch's slim columns."""
+    """The batch's count and its valid records' event-time range, from its slim columns (the dead letters' counts
+    per reason are `commit_explained`'s)."""
     result.received = slim.num_rows
-    for entry in pc.value_counts(slim["reason"].drop_null()).to_pylist():
-        result.dead_lettered[entry["values"]] = entry["counts"]
     valid = slim.select(["t", "ordinal"]).filter(pc.is_null(slim["reason"]))
     times = valid["t"]
     if len(times):

@@ -14,9 +14,12 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
+from onceflow.jobs.declare.record_contract import RecordContract
 from onceflow.jobs.dedup.first_records import first_ids
 from onceflow.jobs.delta.arrow_append import append_arrow_once
 from onceflow.jobs.ingest.batch_commit import Written, commit_once
+from onceflow.jobs.ingest.result import IngestResult
+from onceflow.jobs.ingest.validation import explain_flagged
 from onceflow.jobs.sources.checkpoint import BatchPlan
 from onceflow.jobs.sources.reader import SourceRuntime
 from onceflow.resources.delta_storage import delta_table
@@ -25,6 +28,18 @@ COLUMNS = ("CASE WHEN reason IS NOT NULL THEN source_position END AS source_posi
            "CASE WHEN reason IS NOT NULL THEN event_time END AS event_time")
 """What the batch's driver-side columns (`reason, record_id, ordinal, t, time_bucket`) add for its dead letters:
 NULL for every valid record."""
+
+
+def commit_explained(
+    spark: SparkSession, source: SourceRuntime, plan: BatchPlan, contract: RecordContract, dead: pa.Table,
+    metadata: dict, result: IngestResult,
+) -> None:
+    """The batch's dead letters (`dead`: the rows of its driver-side columns whose `reason` is set) explained
+    (`explain_flagged`), counted per reason into `result`, and committed."""
+    dead = explain_flagged(spark, contract, dead)
+    for entry in pc.value_counts(dead["reason"]).to_pylist():
+        result.dead_lettered[entry["values"]] = entry["counts"]
+    result.dead_lettered_new = commit_dead_letters(spark, source, plan, dead, metadata).inserted
 
 
 def commit_dead_letters(
