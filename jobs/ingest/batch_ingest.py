@@ -58,21 +58,19 @@ from onceflow.jobs.delta.transactions import (
 )
 from onceflow.jobs.ingest.batch_commit import Written, append_new, commit_once, merge_once
 from onceflow.jobs.ingest.dead_letters import COLUMNS as DEAD_LETTER_COLUMNS
-from onceflow.jobs.ingest.dead_letters import commit_explained
+from onceflow.jobs.ingest.dead_letters import commit_beside
 from onceflow.jobs.ingest.result import IngestResult
 from onceflow.jobs.ingest.validation import batch_numbers, classify_numbered
 from onceflow.jobs.sources.checkpoint import BatchPlan
 from onceflow.jobs.sources.committed_plans import PLAN_KEY
 from onceflow.jobs.sources.landing import STREAM_STRIDE
 from onceflow.jobs.sources.reader import SourceRuntime
-from onceflow.resources.faults import crash_point
 from onceflow.resources.plan_template import PlanTemplate
 
 EVENT_TIMES_KEY = "onceflow_event_times"
 DRIVER_COLUMNS = ("reason", "unix_millis(event_time) AS t", "raw", "detail")
 """What the driver reads of every record besides its raw columns, when the rows come to it whole."""
 _counter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onceflow-landed-count")
-_dead_letters = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onceflow-dead-letters")
 
 
 def ensure_tables(source: SourceRuntime) -> None:
@@ -125,9 +123,7 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
         # Dead letters commit first, raw last: a batch is committed once raw holds it (`micro_batch.lake_batch`).
         # They are explained and committed on a thread of their own while the valid records are decided.
         dead = slim.filter(pc.is_valid(slim["reason"]))
-        if dead.num_rows:
-            pending = _dead_letters.submit(commit_explained, spark, source, plan, contract, dead, metadata, result)
-        dead_letters_first = functools.cache(functools.partial(_dead_letters_committed, pending))  # once a batch
+        pending, dead_letters_first = commit_beside(spark, source, plan, contract, dead, metadata, result)
         valid_count = result.received - dead.num_rows
         if pipeline.delivery == "at_least_once":
             rows = without_ordinals(valid, np.array([], np.int64))
@@ -160,13 +156,6 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
             pending.exception()  # nothing of a batch outlives it, the error raised already when there was one
         if not rows_here:
             classified.unpersist()
-
-
-def _dead_letters_committed(pending: Future | None) -> None:
-    """Wait for the batch's dead letters to be committed (raising what failed), before its raw commit."""
-    if pending is not None:
-        pending.result()
-    crash_point("ingest.after_dead_letters")
 
 
 def _classified(

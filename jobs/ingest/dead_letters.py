@@ -9,6 +9,10 @@ the record ID, without the MERGE's Spark jobs and its scan of the whole table by
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
@@ -23,11 +27,32 @@ from onceflow.jobs.ingest.validation import explain_flagged
 from onceflow.jobs.sources.checkpoint import BatchPlan
 from onceflow.jobs.sources.reader import SourceRuntime
 from onceflow.resources.delta_storage import delta_table
+from onceflow.resources.faults import crash_point
 
 COLUMNS = ("CASE WHEN reason IS NOT NULL THEN source_position END AS source_position", "raw", "detail",
            "CASE WHEN reason IS NOT NULL THEN event_time END AS event_time")
 """What the batch's driver-side columns (`reason, record_id, ordinal, t, time_bucket`) add for its dead letters:
 NULL for every valid record."""
+_committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onceflow-dead-letters")
+
+
+def commit_beside(
+    spark: SparkSession, source: SourceRuntime, plan: BatchPlan, contract: RecordContract, dead: pa.Table,
+    metadata: dict, result: IngestResult,
+) -> tuple[Future | None, Callable[[], None]]:
+    """Start `commit_explained` of the batch's dead letters (`dead`) on a thread of their own, when it has some, so
+    they are explained and committed while its valid records are decided; and what waits for them, before the raw
+    commit (dead letters commit first: a batch is committed once raw holds it). Waiting raises what failed; it
+    waits once, later calls return at once."""
+    pending = _committer.submit(commit_explained, spark, source, plan, contract, dead, metadata, result) \
+        if dead.num_rows else None
+
+    def committed() -> None:
+        if pending is not None:
+            pending.result()
+        crash_point("ingest.after_dead_letters")
+
+    return pending, functools.cache(committed)
 
 
 def commit_explained(
