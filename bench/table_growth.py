@@ -1,18 +1,20 @@
-"""Ingest time per batch as the raw table grows inside the dedup horizon, with and without the dedup fast path
-(DESIGN.md section 10, benchmark 2).
+"""Ingest time per batch as the raw and dead-letter tables grow inside the dedup horizon, with and without the dedup
+fast path (DESIGN.md section 10, benchmark 2). The data: `bench.growth_data`.
 
 Per table size N (`--growth-rows`, default 1,000,000 and 10,000,000), on `bench.run`'s Spark session:
 
-1. A fresh onceflow home for the `events` file pipeline; the raw table is created as ingest creates it
-   (`onceflow.jobs.ingest.batch_ingest.ensure_tables`), then N synthetic rows are appended to it by one Spark write (uuid-like record
-   IDs, event times spread over the `LOADED_HOURS` hours before the newest test event, so every row is inside
-   the 24 h dedup horizon of every test batch). Not timed (reported as `bulk_load_s`).
+1. A fresh onceflow home for the `events` file pipeline; the tables are created as ingest creates them
+   (`onceflow.jobs.ingest.batch_ingest.ensure_tables`), then N synthetic rows are appended to the raw table by one
+   Spark write (uuid-like record IDs, event times spread over the `LOADED_HOURS` hours before the newest test
+   event, so every row is inside the 24 h dedup horizon of every test batch), and N dead letters to the
+   dead-letter table. Not timed (reported as `bulk_load_s`).
 2. The home is copied (`shutil.copytree`): the original runs without the fast path (`LakeResource(id_filters=
    False)`: every batch MERGEs against the whole horizon), the copy with it. Neither has a `filters` directory.
-3. With: the ID filters are rebuilt from the table as a first fast-path batch would (`IdFilterStore.load` of
-   every bucket, then `save`). Timed on its own: `filter_rebuild_s`.
+3. With: both tables' ID filters are rebuilt from the tables as a first fast-path batch would (`IdFilterStore.load`
+   of every bucket, then `save`). Timed on its own: `filter_rebuild_s`.
 4. Both homes ingest the same files of fresh events (`--growth-batches` files of about `--growth-batch-records`
-   records: events plus 10% publisher retries, event times inside the loaded span), one `run_micro_batch` per
+   records: events plus 10% publisher retries, event times inside the loaded span, and 0.5 % bad records: dead
+   letters; without the fast path, their IDs are looked up in the dead-letter table's `record_id` column), one `run_micro_batch` per
    file: first every batch of the home with the fast path, then every batch of the one without (interleaved, a
    fast-path batch after a 10 M-row MERGE paid for that MERGE's garbage, and the ratio measured the neighbour
    rather than the table's size). Each batch starts once the disk has written back the writes before it
@@ -21,8 +23,10 @@ Per table size N (`--growth-rows`, default 1,000,000 and 10,000,000), on `bench.
 5. Then `REDELIVERY_BATCHES` more batches per home, timed apart (`*_redelivery_s`, their median: one batch's
    time varied by a fifth from run to run): a tenth of each one's records are bulk-loaded records drawn from the
    whole horizon (a producer replaying random old records, a subscription seek: the repeats no recent commit
-   holds), the rest fresh events. Every redelivered record must be found committed.
-6. Checked, not timed: each raw table then holds N + the distinct fresh events, all of them distinct.
+   holds), the rest fresh events; half their bad records are bulk-loaded dead letters, drawn from the whole
+   dead-letter table. Every redelivered record, good or bad, must be found committed.
+6. Checked, not timed: each raw table then holds N + the distinct fresh events, each dead-letter table N + the
+   fresh bad records, all of them distinct.
 
 A discarded warm-up (a small table, two batches and the redeliveries per home) runs first. `ratio_*` is the median
 per-batch time at the largest N over that at the smallest; `ratio_redelivery_*` the same for the redelivery batch.
@@ -31,9 +35,7 @@ per-batch time at the largest N over that at the smallest; `ratio_redelivery_*` 
 from __future__ import annotations
 
 import argparse
-import math
 import os
-import random
 import shutil
 import statistics
 import tempfile
@@ -45,25 +47,27 @@ from typing import Any
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
 
 from bench.datasets import CLEAN, BenchmarkError
-from onceflow.jobs.delta.raw_table import bucket_of
-from onceflow.jobs.ingest.batch_ingest import ensure_tables
+from bench.growth_data import (
+    BAD_PER_BATCH,
+    FRESH_HOURS,
+    HOUR_MS,
+    LOADED_HOURS,
+    RETRY_FRACTION,
+    bulk_load,
+    write_batches,
+    write_redelivery,
+)
 from onceflow.jobs.ingest.micro_batch import run_micro_batch
 from onceflow.jobs.sources.reader import SourceRuntime, open_source
-from onceflow.orchestration.workload import make_events, with_publisher_retries
 from onceflow.resources.lake import LakeResource
 
 SIZES = (1_000_000, 10_000_000)
-BATCHES = 4
-REDELIVERY_BATCHES = 3
+BATCHES = 8  # a batch's time varies by a third from batch to batch: the median of 4 moved the ratio by 0.3
+REDELIVERY_BATCHES = 5
 BATCH_RECORDS = 25_000
 WARMUP_ROWS = 10_000
-RETRY_FRACTION = 0.10
-HOUR_MS = 3_600_000
-LOADED_HOURS = 20  # the bulk rows' event times: the 20 hours before the newest test event (horizon: 24 h)
-FRESH_HOURS = 6  # the test events' event times: the last 6 of those hours
 VARIANTS = ("with", "without")
 TIMED = ("each run_micro_batch of the test files (plan, read, validate, dedup, commit, checkpoint); the filter "
          "rebuild (IdFilterStore.load + save, every bucket) separately; not the bulk load, copy or checks")
@@ -81,89 +85,20 @@ def parse_sizes(text: str) -> tuple[int, ...]:
     return tuple(sizes)
 
 
-def write_batches(directory: Path, batches: int, records: int, end_ms: int) -> int:
-    """One JSON-lines file per batch: fresh events plus publisher retries, event times in the `FRESH_HOURS`
-    before `end_ms`; returns the number of distinct events."""
-    events = round(batches * records / (1 + RETRY_FRACTION))
-    first_ms = end_ms - FRESH_HOURS * HOUR_MS
-    stream = with_publisher_retries(make_events(events, first_ms, FRESH_HOURS * HOUR_MS, seed=5, prefix="g"),
-                                    RETRY_FRACTION)
-    per_file = math.ceil(len(stream) / batches)
-    directory.mkdir(parents=True, exist_ok=True)
-    for i in range(batches):
-        chunk = stream[i * per_file : (i + 1) * per_file]
-        (directory / f"part-{i:03d}.jsonl").write_text("".join(f"{e.json_line()}\n" for e in chunk))
-    return events
-
-
-def write_redelivery(
-    spark: SparkSession, raw_path: str, path: Path, records: int, end_ms: int, seed: int
-) -> tuple[int, int]:
-    """A redelivery batch's file: a tenth of `records` are bulk-loaded records drawn from the whole table, the
-    rest fresh events (distinct for each `seed`), shuffled; returns (redelivered, fresh)."""
-    redelivered = records // 10
-    bulk = spark.read.format("delta").load(raw_path).where("batch_id = 0")
-    old = [row.payload for row in bulk.sample(fraction=min(1.0, 3 * redelivered / bulk.count()), seed=seed)
-           .limit(redelivered).select("payload").collect()]
-    if len(old) != redelivered:
-        raise BenchmarkError(f"table_growth: sampled {len(old)} of {redelivered} records to redeliver")
-    fresh = make_events(records - redelivered, end_ms - FRESH_HOURS * HOUR_MS, FRESH_HOURS * HOUR_MS, seed=seed,
-                        prefix=f"r{seed}-")
-    lines = old + [e.json_line() for e in fresh]
-    random.Random(seed).shuffle(lines)
-    path.write_text("".join(f"{line}\n" for line in lines))
-    return redelivered, len(fresh)
-
-
-def bulk_load(spark: SparkSession, source: SourceRuntime, rows: int, end_ms: int) -> None:
-    """Create the raw table and append `rows` synthetic rows shaped as ingest writes them (batch 0), one file per
-    time bucket, event times over the `LOADED_HOURS` before `end_ms`."""
-    ensure_tables(source)
-    schema = spark.read.format("delta").load(source.raw_path).schema
-    span_ms = LOADED_HOURS * HOUR_MS
-    hashed = (
-        spark.range(rows)
-        .withColumn("h", F.sha2(F.col("id").cast("string"), 256))
-        .withColumn("ms", F.lit(end_ms - span_ms) + F.pmod(F.xxhash64("id"), F.lit(span_ms)))
-        .selectExpr(
-            "id", "ms",
-            "concat_ws('-', substr(h, 1, 8), substr(h, 9, 4), substr(h, 13, 4), substr(h, 17, 4), substr(h, 21, 12))"
-            " AS record_id",
-            "concat('k', pmod(id, 10)) AS key",
-            "pmod(id * 7919, 1050) - 50 AS v",
-        )
-    )
-    rows_df = hashed.selectExpr(
-        "record_id",
-        "timestamp_millis(ms) AS event_time",
-        "key",
-        "CAST(v AS DECIMAL(38, 9)) AS value",
-        "format_string('{\"event_id\": \"%s\", \"event_time\": %d, \"key\": \"%s\", \"value\": %d}', record_id, ms, "
-        "key, v) AS payload",
-        "concat('bulk:', id) AS source_position",
-        "CAST(NULL AS TIMESTAMP) AS publish_time",
-        "CAST(0 AS BIGINT) AS batch_id",
-        f"timestamp_millis({end_ms}) AS ingested_at",
-    ).withColumn("time_bucket", F.expr(bucket_of("event_time", source.pipeline.time_bucket_ms)))
-    typed = rows_df.select([F.col(f.name).cast(f.dataType) for f in schema])
-    typed.repartition("time_bucket").write.format("delta").mode("append").partitionBy("time_bucket").save(
-        source.raw_path
-    )
-
-
 def rebuild_filters(source: SourceRuntime) -> tuple[float, int]:
-    """Rebuild the ID filters from the table and persist them, as a first fast-path batch does (horizon floor
-    None: every bucket); seconds taken and buckets built."""
-    store = source.id_filters
-    if store is None:
-        raise BenchmarkError("the fast-path home has no ID filter store")
-    start = time.perf_counter()
-    filters = store.load(None)
-    store.save(filters)
-    seconds = time.perf_counter() - start
-    if not filters.rebuilt:
-        raise BenchmarkError("the ID filters were not rebuilt from the table: a filters directory was left over")
-    return seconds, len(filters.buckets)
+    """Rebuild both tables' ID filters from the tables and persist them, as a first fast-path batch does (horizon
+    floor None: every bucket); seconds taken and the raw table's buckets built."""
+    stores = (source.id_filters, source.dead_letter_filters)
+    start, buckets = time.perf_counter(), 0
+    for store in stores:
+        if store is None:
+            raise BenchmarkError("the fast-path home lacks an ID filter store")
+        filters = store.load(None)
+        store.save(filters)
+        if not filters.rebuilt:
+            raise BenchmarkError("the ID filters were not rebuilt from the table: a filters directory was left over")
+        buckets = buckets or len(filters.buckets)
+    return time.perf_counter() - start, buckets
 
 
 def _table_facts(path: str) -> tuple[int, int]:
@@ -191,11 +126,13 @@ def measure(
                for name, home in homes.items()}
     raw_files = len(DeltaTable(sources["without"].raw_path).file_uris())
     log(f"table_growth {rows:,} rows: bulk load {bulk_s:.1f} s ({raw_files} files)")
+    fresh_bad = batches * BAD_PER_BATCH
     for seed in range(REDELIVERY_BATCHES):
-        redelivered, fresh = write_redelivery(spark, sources["without"].raw_path,
+        redelivered, fresh = write_redelivery(spark, sources["without"], rows,
                                               source_dir / f"part-{batches + seed:03d}.jsonl", batch_records, end_ms,
                                               seed)
         distinct += fresh
+        fresh_bad += BAD_PER_BATCH - redelivered.dead
     rebuild_s, buckets = rebuild_filters(sources["with"])
     log(f"table_growth {rows:,} rows: filter rebuild {rebuild_s:.2f} s ({buckets} buckets)")
     seconds: dict[str, list[float]] = {name: [] for name in VARIANTS}
@@ -207,11 +144,13 @@ def measure(
             start = time.perf_counter()
             result = run_micro_batch(lambda: spark, sources[name])
             elapsed = time.perf_counter() - start
-            if result is None or result.batch_id != batch or result.dead_lettered_total:
+            if result is None or result.batch_id != batch or result.dead_lettered_total != BAD_PER_BATCH:
                 raise BenchmarkError(f"table_growth {rows} {name}: batch {batch} gave {result}")
-            if batch > batches and result.duplicates_committed != redelivered:
-                raise BenchmarkError(f"table_growth {rows} {name}: the redelivery batch found "
-                                     f"{result.duplicates_committed} of {redelivered} redelivered records")
+            # A fresh batch may repeat the batch before's records (a retry across files), never its bad ones.
+            found = (result.duplicates_committed if batch > batches else 0, result.dead_letter_duplicates)
+            if found != ((redelivered.valid, redelivered.dead) if batch > batches else (0, 0)):
+                raise BenchmarkError(f"table_growth {rows} {name}: batch {batch} found {found} of its "
+                                     "(valid, dead) records committed before")
             if name == "with" and (result.fast_path is None or result.fast_path["filters_rebuilt"]):
                 raise BenchmarkError(f"table_growth {rows}: batch {batch} did not use the saved filters: "
                                      f"{result.fast_path}")
@@ -226,6 +165,10 @@ def measure(
         if total != rows + distinct or unique != total or inserted[name] != distinct:
             raise BenchmarkError(f"table_growth {rows} {name}: raw table has {total} rows ({unique} distinct), "
                                  f"{inserted[name]} inserted; expected {rows + distinct} rows, {distinct} inserted")
+        total, unique = _table_facts(source.dead_letter_path)
+        if total != rows + fresh_bad or unique != total:
+            raise BenchmarkError(f"table_growth {rows} {name}: dead-letter table has {total} rows ({unique} "
+                                 f"distinct); expected {rows + fresh_bad}")
     return {
         "rows": rows,
         "with_batch_s": statistics.median(seconds["with"][:batches]),
@@ -240,6 +183,7 @@ def measure(
         "raw_files": raw_files,
         "filter_buckets": buckets,
         "rows_after": rows + distinct,
+        "dead_letter_rows_after": rows + fresh_bad,
         "checked": True,
     }
 
@@ -277,8 +221,10 @@ def table_growth(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any
         "config": {
             "batches": batches, "redelivery_batches": REDELIVERY_BATCHES, "redelivered_fraction": 0.1,
             "records_per_batch": batch_records, "retry_fraction": RETRY_FRACTION,
+            "bad_records_per_batch": BAD_PER_BATCH, "dead_letter_rows": "as many as the raw table's, N",
             "loaded_hours": LOADED_HOURS, "fresh_event_hours": FRESH_HOURS, "dedup_horizon_hours": 24,
-            "order": "warm-up (discarded), then per size: batches alternate without/with (with/without next)",
+            "order": "warm-up (discarded), then per size: every batch of the home with the fast path, then every "
+                     "batch of the one without",
             "timed": TIMED,
         },
     }

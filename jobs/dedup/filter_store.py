@@ -1,4 +1,4 @@
-"""Where a raw table's ID filters (`onceflow.jobs.dedup.id_filters`) are kept between batches: in memory in the process that used
+"""Where a table's ID filters (`onceflow.jobs.dedup.id_filters`) are kept between batches: in memory in the process that used
 them last, and saved in an object store every so often for other processes and later runs."""
 
 from __future__ import annotations
@@ -10,9 +10,11 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import ClassVar
 
+import numpy as np
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from onceflow.jobs.dedup.buckets import TIME_BUCKETS, Bucketing
 from onceflow.jobs.dedup.id_filters import (
     SCHEME,
     BucketFilter,
@@ -35,7 +37,8 @@ that starts from the saved filters catches up by reading at most this many commi
 
 
 class IdFilterStore:
-    """Persists a raw table's filters in an object store (`<key>/manifest.json`, `<key>/<bucket>-<version>.ids`).
+    """Persists a table's filters in an object store (`<key>/manifest.json`, `<key>/<bucket>-<version>.ids`), its
+    rows placed in buckets by `bucketing` (a raw table's time buckets by default).
 
     The manifest is replaced last and names immutable bucket files, so a reader sees one consistent set; a
     bucket file that is missing (a concurrent writer's clean-up, a deleted directory) is rebuilt from the table.
@@ -52,8 +55,8 @@ class IdFilterStore:
     """Per table, the last batch's upkeep of its filters (`release_later`), which the next `load` waits for."""
     _upkeep = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onceflow-id-filters")
 
-    def __init__(self, store: ObjectStore, key: str, table_path: str) -> None:
-        self.store, self.key, self.table_path = store, key, table_path
+    def __init__(self, store: ObjectStore, key: str, table_path: str, bucketing: Bucketing = TIME_BUCKETS) -> None:
+        self.store, self.key, self.table_path, self.bucketing = store, key, table_path, bucketing
 
     def load(self, floor_bucket: int | None) -> IdFilters:
         """The filters, caught up to the table's current version (rebuilt from the table when unusable), once the
@@ -69,15 +72,16 @@ class IdFilterStore:
         if filters is None or filters.version > latest:
             return self._rebuild(latest, floor_bucket, table_id)
         try:
-            added, emptied = changes_since(table, filters.version, latest)
+            added, emptied = changes_since(table, filters.version, latest, self.bucketing)
         except FileNotFoundError:  # the log entries since the stamp are gone (log retention): start over
             return self._rebuild(latest, floor_bucket, table_id)
         if emptied is None:  # rows removed from a bucket the log does not name
             return self._rebuild(latest, floor_bucket, table_id)
-        filters.add(id_hashes(added["record_id"]), added["time_bucket"].to_numpy())
+        filters.add(id_hashes(added["record_id"]), added["bucket"].to_numpy())
         filters.caught_up, filters.version = latest - filters.version, latest
         for bucket in emptied & set(filters.buckets):  # refilled from what the table holds now
-            filters.buckets[bucket] = self._filled(latest, [("time_bucket", "=", bucket)]).get(bucket, BucketFilter())
+            refill = [(self.bucketing.partition, "=", bucket)]
+            filters.buckets[bucket] = self._filled(latest, refill).get(bucket, BucketFilter())
             filters.unsaved.add(bucket)
         return filters
 
@@ -178,7 +182,7 @@ class IdFilterStore:
         return filters
 
     def _rebuild(self, version: int, floor_bucket: int | None, table_id: str) -> IdFilters:
-        where = None if floor_bucket is None else [("time_bucket", ">=", floor_bucket)]
+        where = None if floor_bucket is None else [(self.bucketing.partition, ">=", floor_bucket)]
         buckets = self._filled(version, where)
         log.info(f"{self.key}: ID filters rebuilt from the table at version {version} "
                  f"({sum(b.count for b in buckets.values())} IDs in {len(buckets)} buckets)")
@@ -189,13 +193,15 @@ class IdFilterStore:
         """Filters filled from the table's rows at `version` (those matching `where`).
 
         Streamed a file at a time: memory holds one record batch's IDs beside the fingerprints, however many IDs
-        the horizon holds. A raw table's file holds one bucket (its partition)."""
+        the horizon holds."""
         dataset = table_snapshot(self.table_path, version=version).to_pyarrow_dataset()
         prints: dict[int, list[Fingerprints]] = {}
         for fragment in dataset.get_fragments(filter=None if where is None else pq.filters_to_expression(where)):
-            bucket = int(ds.get_partition_keys(fragment.partition_expression)["time_bucket"])
-            parts = prints.setdefault(bucket, [])
-            parts += [id_hashes(batch.column(0)) for batch in fragment.to_batches(columns=["record_id"])]
+            keys = ds.get_partition_keys(fragment.partition_expression)
+            for batch in fragment.to_batches(columns=["record_id", *self.bucketing.columns]):
+                batch_prints, buckets = id_hashes(batch.column(0)), self.bucketing.of(batch, keys)
+                for bucket in np.unique(buckets).tolist():
+                    prints.setdefault(bucket, []).append(batch_prints.take(buckets == bucket))
         return {bucket: BucketFilter.of(Fingerprints.concat(parts)) for bucket, parts in prints.items()}
 
 

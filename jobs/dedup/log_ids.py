@@ -1,5 +1,5 @@
-"""Record IDs straight from a raw table's Delta log and data files (delta-rs and pyarrow, no Spark, on local disk or
-GCS): what commits changed, for the ID filters to catch up with them."""
+"""Record IDs straight from a table's Delta log and data files (delta-rs and pyarrow, no Spark, on local disk or GCS):
+what commits changed, for the ID filters to catch up with them."""
 
 from __future__ import annotations
 
@@ -10,12 +10,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
+from onceflow.jobs.dedup.buckets import Bucketing
 from onceflow.resources.delta_storage import table_files
 
 
-def changes_since(table: DeltaTable, since: int, latest: int) -> tuple[pa.Table, set[int] | None]:
-    """What data-changing commits after `since` (up to `latest`) did: `record_id, time_bucket` of every row they
-    added, and the buckets they removed rows from (None when a removal names no bucket).
+def changes_since(
+    table: DeltaTable, since: int, latest: int, bucketing: Bucketing
+) -> tuple[pa.Table, set[int] | None]:
+    """What data-changing commits after `since` (up to `latest`) did: `record_id, bucket` of every row they added,
+    and the buckets they removed rows from (None when a removal names no bucket).
 
     OPTIMIZE rewrites rows already counted (`dataChange` false) and changes nothing here. A file added with a
     deletion vector holds rows the table does not, so its bucket counts as one rows were removed from."""
@@ -26,12 +29,12 @@ def changes_since(table: DeltaTable, since: int, latest: int) -> tuple[pa.Table,
             if "add" in action and not action["add"].get("deletionVector"):
                 adds.append(action["add"])
                 continue
-            bucket = (action.get("add") or action.get("remove") or {}).get("partitionValues", {}).get("time_bucket")
+            bucket = bucketing.removed_from((action.get("add") or action.get("remove") or {}).get("partitionValues", {}))
             if bucket is None or emptied is None:
                 emptied = None
             else:
                 emptied.add(int(bucket))
-    return _read_adds(table, adds), emptied
+    return _read_adds(table, adds, bucketing), emptied
 
 
 def _data_changes(table: DeltaTable, version: int) -> list[dict]:
@@ -43,13 +46,14 @@ def _data_changes(table: DeltaTable, version: int) -> list[dict]:
             if any(kind in a and a[kind].get("dataChange", True) for kind in ("add", "remove"))]
 
 
-def _read_adds(table: DeltaTable, adds: list[dict]) -> pa.Table:
+def _read_adds(table: DeltaTable, adds: list[dict], bucketing: Bucketing) -> pa.Table:
     files, root = table_files(table.table_uri)
     parts = []
     for add in adds:
-        part = pq.read_table(f"{root}/{unquote(add['path'])}", columns=["record_id"], filesystem=files)
-        bucket = int(add["partitionValues"]["time_bucket"])
-        parts.append(part.append_column("time_bucket", pa.array([bucket] * len(part), pa.int64())))
+        part = pq.read_table(f"{root}/{unquote(add['path'])}", columns=["record_id", *bucketing.columns],
+                             filesystem=files)
+        buckets = bucketing.of(part, add.get("partitionValues") or {})
+        parts.append(pa.table({"record_id": part["record_id"], "bucket": pa.array(buckets, pa.int64())}))
     if not parts:
-        return pa.table({"record_id": pa.array([], pa.string()), "time_bucket": pa.array([], pa.int64())})
+        return pa.table({"record_id": pa.array([], pa.string()), "bucket": pa.array([], pa.int64())})
     return pa.concat_tables(parts)

@@ -2,9 +2,12 @@
 
 The batch's one Spark action brings its dead letters to the driver whole (they are few; the valid records' columns
 there are a few narrow ones), so what to keep is decided there: the first record of each ID, unless the table holds
-the ID already (a bad record redelivered in a later batch). delta-rs appends them on the table version that lookup
-read, and any commit since fails the append, which is then decided again: the outcome of an insert-only MERGE on
-the record ID, without the MERGE's Spark jobs and its scan of the whole table by Spark on every batch.
+the ID already (a bad record redelivered in a later batch). Which IDs it holds, the table's ID filters say
+(`onceflow.jobs.dedup.id_filters`, bucketed by batch: the table has no time buckets), as they do for the raw table:
+a lookup whose cost does not grow with the table. Without them (the lake's fast path off), its `record_id` column
+is read. delta-rs appends them on the table version that lookup answered for, and any commit since fails the
+append, which is then decided again: the outcome of an insert-only MERGE on the record ID, without the MERGE's
+Spark jobs and its scan of the whole table on every batch.
 """
 
 from __future__ import annotations
@@ -13,14 +16,19 @@ import functools
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from onceflow.jobs.declare.record_contract import RecordContract
+from onceflow.jobs.dedup.buckets import BATCH_RANGES
+from onceflow.jobs.dedup.filter_store import IdFilterStore
 from onceflow.jobs.dedup.first_records import first_ids
+from onceflow.jobs.dedup.id_filters import IdFilters, id_hashes
 from onceflow.jobs.delta.arrow_append import append_arrow_once
+from onceflow.jobs.delta.commit_log import own_commit_version
 from onceflow.jobs.ingest.batch_commit import Written, commit_once
 from onceflow.jobs.ingest.result import IngestResult
 from onceflow.jobs.ingest.validation import explain_flagged
@@ -82,14 +90,46 @@ def commit_dead_letters(
         "batch_id": pa.array([plan.batch_id] * size, pa.int64()),
         "ingested_at": pa.array([plan.planned_at_ms * 1000] * size, pa.timestamp("us", tz="UTC")),
     })
-    path = source.dead_letter_path
+    path, store = source.dead_letter_path, source.dead_letter_filters
+    if store is None:
+        def append() -> int | None:
+            table = delta_table(path)
+            new = rows.filter(pc.invert(pc.is_in(rows["record_id"], value_set=held_among(table, rows["record_id"]))))
+            return new.num_rows if append_arrow_once(table, new, source.app_id, plan.batch_id, metadata) else None
+
+        return commit_once(spark, source, plan, path, metadata, append)
+    return _commit_with_filters(spark, source, plan, rows, metadata, store)
+
+
+def _commit_with_filters(
+    spark: SparkSession, source: SourceRuntime, plan: BatchPlan, rows: pa.Table, metadata: dict,
+    store: IdFilterStore,
+) -> Written:
+    """Append those of `rows` whose IDs the dead-letter table's filters do not hold, on the very version the
+    filters answered for (any commit since fails the append; it is then decided again against the filters caught
+    up with it); then their IDs join the filters."""
+    path, prints = source.dead_letter_path, id_hashes(rows["record_id"])
+    held: list[tuple[IdFilters, np.ndarray]] = []  # the last try's filters, and which IDs they held
 
     def append() -> int | None:
-        table = delta_table(path)
-        new = rows.filter(pc.invert(pc.is_in(rows["record_id"], value_set=held_among(table, rows["record_id"]))))
+        while held:  # a retry: the last try's filters go back, to be caught up with the commit that beat it
+            store.release(held.pop()[0])
+        filters = store.load(None)
+        seen = filters.seen(prints)
+        held.append((filters, seen))
+        new = rows.filter(pa.array(~seen))
+        table = delta_table(path, version=filters.version)
         return new.num_rows if append_arrow_once(table, new, source.app_id, plan.batch_id, metadata) else None
 
-    return commit_once(spark, source, plan, path, metadata, append)
+    written = commit_once(spark, source, plan, path, metadata, append)
+    if held:
+        filters, seen = held.pop()
+        if not written.replayed:
+            fresh = int((~seen).sum())
+            filters.add(prints.take(~seen), BATCH_RANGES.of_batch(plan.batch_id, fresh))
+            filters.version = own_commit_version(path, metadata, after=filters.version)
+        store.release(filters)  # on the dead letters' own thread already
+    return written
 
 
 def held_among(table: DeltaTable, ids: pa.ChunkedArray | pa.Array) -> pa.Array:

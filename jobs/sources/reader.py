@@ -17,6 +17,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from onceflow.jobs.declare.declaration import Pipeline
 from onceflow.jobs.declare.sources import FileSource, KafkaSource
+from onceflow.jobs.dedup.buckets import BATCH_RANGES
 from onceflow.jobs.dedup.filter_store import IdFilterStore
 from onceflow.jobs.sources.checkpoint import BatchPlan, CheckpointStore, EpochStore, SourceCheckpoint
 from onceflow.jobs.sources.committed_plans import CommittedPlans
@@ -100,6 +101,8 @@ class SourceRuntime:
     `app_id` names the source in its current epoch: the Delta `txnAppId` of its commits and the key of its
     checkpoints and landing files (`<pipeline>/<kind>`, then `<pipeline>/<kind>@<epoch>` after a reset). Batch
     numbers go on across epochs: an epoch's first batch is above every batch of the epochs before it.
+    `id_filters` and `dead_letter_filters` keep the fingerprints of the IDs the raw and dead-letter tables hold
+    (None: the lake's fast path is off, or, for raw, the pipeline is at-least-once).
     """
 
     pipeline: Pipeline
@@ -110,6 +113,7 @@ class SourceRuntime:
     raw_path: str
     dead_letter_path: str
     id_filters: IdFilterStore | None = None
+    dead_letter_filters: IdFilterStore | None = None
 
 
 def app_id(pipeline: Pipeline, epoch: int) -> str:
@@ -141,7 +145,10 @@ def open_source(
     filters = None
     if lake.id_filters and pipeline.delivery == "exactly_once":
         filters = IdFilterStore(lake.filters(), pipeline.raw_table, raw)
-    return SourceRuntime(pipeline, source_app, reader, checkpoints, plans, raw, dead, filters)
+    # Dead letters are held once per ID in either delivery mode.
+    dead_filters = IdFilterStore(lake.filters(), pipeline.dead_letter_table, dead, BATCH_RANGES) if lake.id_filters \
+        else None
+    return SourceRuntime(pipeline, source_app, reader, checkpoints, plans, raw, dead, filters, dead_filters)
 
 
 def source_watermark_ms(checkpoint: SourceCheckpoint) -> int | None:
