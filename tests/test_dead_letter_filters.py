@@ -33,6 +33,7 @@ def _ids(prefix: str) -> list[str]:
     return [f"{prefix}{i}" for i in range(10)]
 
 
+@pytest.mark.engine_paths
 def test_dead_letters_are_held_once_through_their_filters(
     spark: SparkSession, tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

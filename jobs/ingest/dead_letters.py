@@ -124,11 +124,14 @@ def _commit_with_filters(
     written = commit_once(spark, source, plan, path, metadata, append)
     if held:
         filters, seen = held.pop()
-        if not written.replayed:
-            fresh = int((~seen).sum())
-            filters.add(prints.take(~seen), BATCH_RANGES.of_batch(plan.batch_id, fresh))
-            filters.version = own_commit_version(path, metadata, after=filters.version)
-        store.release(filters)  # on the dead letters' own thread already
+        new = None if written.replayed else prints.take(~seen)
+
+        def upkeep(filters: IdFilters) -> None:
+            if new is not None:
+                filters.add(new, BATCH_RANGES.of_batch(plan.batch_id, len(new)))
+                filters.version = own_commit_version(path, metadata, after=filters.version)
+
+        store.release_later(filters, upkeep)  # off the batch's path: only the next batch's lookup needs them
     return written
 
 
