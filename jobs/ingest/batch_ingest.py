@@ -103,8 +103,7 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
     )
     # Rows to the driver: the plan ends with the one projection the driver reads, so it is part of the template.
     # The ID filters' fingerprints of the records are computed there too, on a classic session (`IdHash.java`).
-    hashed = (hasattr(spark, "_jsparkSession") and pipeline.delivery == "exactly_once"
-              and source.id_filters is not None)
+    hashed = rows_here and source.id_filters is not None and hasattr(spark, "_jsparkSession")
     outputs = (*DRIVER_COLUMNS, *(id_hash_sql() if hashed else ()), *raw_columns) if rows_here else ()
     classified = _classified(spark, landed, contract, pipeline.time_bucket_ms, numbers, outputs)
     pending: Future | None = None
