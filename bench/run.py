@@ -110,7 +110,7 @@ def source_commit() -> dict[str, Any]:
         return done.stdout.strip() if done.returncode == 0 else ""
 
     return {"sha": git("rev-parse", "HEAD") or None,
-            "modified_files": [line[3:] for line in git("status", "--porcelain", "--untracked-files=no").splitlines()]}
+            "modified_files": git("diff", "--name-only", "HEAD").splitlines()}  # tracked files changed since it
 
 
 def with_memory(benchmark: Callable[..., dict[str, Any] | None], *args: Any) -> dict[str, Any] | None:
