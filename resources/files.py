@@ -41,10 +41,12 @@ class JsonLinesDirectory:
             rel = path.relative_to(self.directory).as_posix()
             if rel in taken or not path.is_file():
                 continue
+            if entries and len(entries) >= max_files:  # before reading the next file whole to fingerprint it
+                break
             entry = fingerprint(self.directory, rel)
             if not entry.size:
                 continue
-            if entries and (len(entries) >= max_files or total + entry.size > max_bytes):
+            if entries and total + entry.size > max_bytes:
                 break
             entries.append(entry)
             total += entry.size

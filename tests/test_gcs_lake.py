@@ -67,11 +67,16 @@ def test_ingest_windows_and_publish_on_a_gcs_home(
     source = open_source(pipeline, lake)
     assert source.raw_path.startswith("gs://") and source.id_filters is not None
     # Three batches; the second and third repeat records of the one before; before the third the filters go back
-    # to their copy after the first, as a restored backup would.
+    # to their copy after the first, as a restored backup would. A bad record in the first is redelivered in the
+    # third: the dead-letter table's filters, on GCS too, find it held.
     batches = [events[:24], events[24:48] + events[:6], events[48:] + events[24:30]]
+    bad = json.dumps({"event_id": "bad-1", "event_time": events[0].event_time_ms, "key": "k", "value": "n/a"})
     filters, results, saved = lake.filters(), [], {}
     for k, batch in enumerate(batches):
         write_events(incoming / f"{k}.jsonl", batch)
+        if k in (0, 2):
+            with (incoming / f"{k}.jsonl").open("a") as lines:
+                lines.write(bad + "\n")
         if k == 1:
             IdFilterStore.settle()  # the first batch's filters are saved beside what follows it
             saved = {key: filters.read(key) for key in filters.list("")}
@@ -86,6 +91,8 @@ def test_ingest_windows_and_publish_on_a_gcs_home(
 
     assert read_rows(source.raw_path, RAW) == expected_raw(events)
     assert [r.inserted for r in results] == [24, 24, 12] and [r.duplicates_committed for r in results] == [0, 6, 6]
+    assert [(r.dead_lettered_new, r.dead_letter_duplicates) for r in results] == [(1, 0), (0, 0), (0, 1)]
+    assert read_rows(source.dead_letter_path, ["record_id", "batch_id"]) == [("bad-1", 1)]
     # Maintenance finds a killed append's staging log on GCS too, and removes only that.
     files, root = table_files(source.raw_path)
     with files.open_output_stream(f"{root}/onceflow-killed/_delta_log/00000000000000000000.json") as log:
@@ -100,7 +107,7 @@ def test_ingest_windows_and_publish_on_a_gcs_home(
     assert all(r.balances() for r in results)
     # The filters live on GCS and are kept up incrementally: built by the first batch, never rebuilt after; the
     # restored copy catches up on the second batch's commit from the Delta log on GCS.
-    assert saved and all(key.startswith("raw/events/") for key in saved)
+    assert {key.split("/events/")[0] for key in saved} == {"raw", "dead_letter"}
     assert [r.fast_path["filters_rebuilt"] for r in results] == [True, False, False]
     assert results[2].fast_path["filters_caught_up_commits"] == 1
 
