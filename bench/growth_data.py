@@ -13,6 +13,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from bench.datasets import BenchmarkError
+from onceflow.jobs.dedup.buckets import BATCH_RANGES
 from onceflow.jobs.delta.raw_table import bucket_of
 from onceflow.jobs.ingest.batch_ingest import ensure_tables
 from onceflow.jobs.sources.reader import SourceRuntime
@@ -23,6 +24,7 @@ BAD_PER_BATCH = 125  # 0.5 % of a 25,000-record batch: lines that parse, with an
 HOUR_MS = 3_600_000
 LOADED_HOURS = 20  # the bulk rows' event times: the 20 hours before the newest test event (horizon: 24 h)
 FRESH_HOURS = 6  # the test events' event times: the last 6 of those hours
+OLDER_BUCKETS = 8  # the dead-letter filter buckets the bulk-loaded dead letters fill
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,9 @@ def write_redelivery(
 def bulk_load(spark: SparkSession, source: SourceRuntime, rows: int, end_ms: int) -> None:
     """Create the tables; append `rows` synthetic rows shaped as ingest writes them (batch 0) to the raw table, one
     file per time bucket, event times over the `LOADED_HOURS` before `end_ms`; and `rows` dead letters (IDs
-    `dl-<n>`, batch 0) to the dead-letter table."""
+    `dl-<n>`) to the dead-letter table. Those stand for the dead letters of the batches before the timed ones, as a
+    table that grew batch by batch holds them: their batch numbers (below 0, the timed batches are 1, 2, ...) put
+    them in `OLDER_BUCKETS` filter buckets before the one the timed batches add to (`onceflow.jobs.dedup.buckets`)."""
     ensure_tables(source)
     schema = spark.read.format("delta").load(source.raw_path).schema
     span_ms = LOADED_HOURS * HOUR_MS
@@ -119,7 +123,8 @@ def bulk_load(spark: SparkSession, source: SourceRuntime, rows: int, end_ms: int
         "concat('bulk-dead:', id) AS source_position",
         "format_string('{\"event_id\": \"dl-%d\", \"value\": \"n/a\"}', id) AS raw",
         "'invalid_value' AS reason", "'value: n/a is no number' AS detail", "concat('dl-', id) AS record_id",
-        "CAST(NULL AS TIMESTAMP) AS event_time", "CAST(0 AS BIGINT) AS batch_id",
+        "CAST(NULL AS TIMESTAMP) AS event_time",
+        f"-1 - pmod(id, {OLDER_BUCKETS}) * {BATCH_RANGES.batches} AS batch_id",
         f"timestamp_millis({end_ms}) AS ingested_at",
     )
     dead.select([F.col(f.name).cast(f.dataType) for f in dead_schema]).repartition(4).write.format("delta") \

@@ -7,7 +7,7 @@ Per table size N (`--growth-rows`, default 1,000,000 and 10,000,000), on `bench.
    (`onceflow.jobs.ingest.batch_ingest.ensure_tables`), then N synthetic rows are appended to the raw table by one
    Spark write (uuid-like record IDs, event times spread over the `LOADED_HOURS` hours before the newest test
    event, so every row is inside the 24 h dedup horizon of every test batch), and N dead letters to the
-   dead-letter table. Not timed (reported as `bulk_load_s`).
+   dead-letter table (from batches before the timed ones). Not timed (reported as `bulk_load_s`).
 2. The home is copied (`shutil.copytree`): the original runs without the fast path (`LakeResource(id_filters=
    False)`: every batch MERGEs against the whole horizon), the copy with it. Neither has a `filters` directory.
 3. With: both tables' ID filters are rebuilt from the tables as a first fast-path batch would (`IdFilterStore.load`
