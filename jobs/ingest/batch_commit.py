@@ -13,10 +13,13 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
-from onceflow.jobs.delta.commit_log import committed_metrics, holds_batch, rows_appended
+from onceflow.jobs.dedup.filter_store import IdFilterStore
+from onceflow.jobs.dedup.id_filters import Fingerprints, IdFilters
+from onceflow.jobs.delta.commit_log import committed_metrics, holds_batch, own_commit_version, rows_appended
 from onceflow.jobs.delta.transactions import append_once, delta_transaction, is_concurrent_commit
 from onceflow.jobs.sources.checkpoint import BatchPlan
 from onceflow.jobs.sources.reader import SourceRuntime
@@ -67,6 +70,43 @@ def append_new(
         return count if written else None
 
     return commit_once(spark, source, plan, source.raw_path, metadata, append)
+
+
+def commit_on_filters(
+    spark: SparkSession, source: SourceRuntime, plan: BatchPlan, path: str, metadata: dict,
+    filters_of: tuple[IdFilterStore, int | None], ids: tuple[Fingerprints, np.ndarray],
+    write: Callable[[IdFilters, np.ndarray], int | None],
+) -> Written:
+    """`commit_once` for a batch decided against a table's ID filters (`filters_of`: their store, and the lowest
+    bucket a lookup needs): on each try, the filters caught up with the table's latest commit say which of the
+    batch's IDs (`ids`: their fingerprints and buckets) it holds, and `write(filters, seen)` appends the rest on
+    `filters.version`, so that any commit since fails the append and the batch is decided again. Once committed,
+    the new IDs join the filters beside what the process does next (`IdFilterStore.release_later`)."""
+    store, floor = filters_of
+    prints, buckets = ids
+    held: list[tuple[IdFilters, np.ndarray]] = []  # the last try's filters, and which IDs they held
+
+    def attempt() -> int | None:
+        while held:  # a retry: the last try's filters go back, to be caught up with the commit that beat it
+            store.release(held.pop()[0])
+        filters = store.load(floor)
+        seen = filters.seen(prints)
+        held.append((filters, seen))
+        return write(filters, seen)
+
+    written = commit_once(spark, source, plan, path, metadata, attempt)
+    if held:
+        filters, seen = held.pop()
+        new = None if written.replayed else (prints.take(~seen), buckets[~seen])
+
+        def upkeep(filters: IdFilters) -> None:
+            if new is not None:
+                filters.add(*new)
+                filters.version = own_commit_version(path, metadata, after=filters.version)
+            filters.drop_below(floor)
+
+        store.release_later(filters, upkeep)  # off the batch's path: only the next batch's lookup needs them
+    return written
 
 
 def commit_once(

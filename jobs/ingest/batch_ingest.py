@@ -37,12 +37,11 @@ from onceflow.jobs.dedup.filter_store import IdFilterStore
 from onceflow.jobs.dedup.first_records import first_ids, without_ordinals
 from onceflow.jobs.dedup.id_filters import (
     ID_HASH_COLUMNS,
-    Fingerprints,
     IdFilters,
     batch_fingerprints,
     id_hash_sql,
 )
-from onceflow.jobs.delta.commit_log import ATTEMPT_KEY, own_commit_version
+from onceflow.jobs.delta.commit_log import ATTEMPT_KEY
 from onceflow.jobs.delta.raw_table import (
     DEAD_LETTER_SCHEMA,
     bucket_of,
@@ -56,7 +55,7 @@ from onceflow.jobs.delta.transactions import (
     latest_version,
     table_properties,
 )
-from onceflow.jobs.ingest.batch_commit import Written, append_new, commit_once, merge_once
+from onceflow.jobs.ingest.batch_commit import Written, append_new, commit_on_filters, merge_once
 from onceflow.jobs.ingest.dead_letters import COLUMNS as DEAD_LETTER_COLUMNS
 from onceflow.jobs.ingest.dead_letters import commit_beside
 from onceflow.jobs.ingest.result import IngestResult
@@ -244,17 +243,11 @@ def _merge_with_filters(
     """
     ids, repeats = dedup
     floor = None if plan.horizon_floor_ms is None else plan.horizon_floor_ms // source.pipeline.time_bucket_ms
-    prints = batch_fingerprints(ids)
     begun, dead_letters_first = before
     transactions = iter([begun])  # the one begun ahead serves the first attempt; a retry starts afresh
-    held: list[tuple[IdFilters, np.ndarray]] = []  # the last try's filters, and which IDs they held
 
-    def append() -> int | None:
-        while held:  # a retry: the last try's filters go back, to be caught up with the commit that beat it
-            store.release(held.pop()[0])
-        filters = store.load(floor)
-        seen = _seen(filters, prints, result)
-        held.append((filters, seen))
+    def append(filters: IdFilters, seen: np.ndarray) -> int | None:
+        _count(filters, seen, result)
         dropped = ids["ordinal"].filter(pa.array(seen)).to_numpy()
         rows = without_ordinals(valid, np.concatenate([repeats, dropped]))  # one filter drops both kinds
         dead_letters_first()
@@ -262,27 +255,14 @@ def _merge_with_filters(
                               next(transactions, None), read_version=filters.version)
         return ids.num_rows - len(dropped) if written else None
 
-    written = commit_once(spark, source, plan, source.raw_path, metadata, append)
-    if held:
-        filters, seen = held.pop()
-        new = None if written.replayed else (prints.take(~seen), ids["time_bucket"].to_numpy()[~seen])
-
-        def upkeep(filters: IdFilters) -> None:
-            if new is not None:
-                filters.add(*new)
-                filters.version = own_commit_version(source.raw_path, metadata, after=filters.version)
-            filters.drop_below(floor)
-
-        store.release_later(filters, upkeep)  # off the batch's path: only the next batch's lookup needs them
-    return written
+    fingerprints = (batch_fingerprints(ids), ids["time_bucket"].to_numpy())
+    return commit_on_filters(spark, source, plan, source.raw_path, metadata, (store, floor), fingerprints, append)
 
 
-def _seen(filters: IdFilters, prints: Fingerprints, result: IngestResult) -> np.ndarray:
-    """Which of the batch's first IDs the table held at the filters' version (a boolean each), counted."""
-    seen = filters.seen(prints)
-    result.fast_path = {"proven_new": int(len(prints) - seen.sum()), "committed_found": int(seen.sum()),
+def _count(filters: IdFilters, seen: np.ndarray, result: IngestResult) -> None:
+    """The fast path's figures for the batch: how many of its first IDs the table held at the filters' version."""
+    result.fast_path = {"proven_new": int(len(seen) - seen.sum()), "committed_found": int(seen.sum()),
                         "filters_rebuilt": filters.rebuilt, "filters_caught_up_commits": filters.caught_up}
-    return seen
 
 
 def _summarize(slim: pa.Table, result: IngestResult) -> None:

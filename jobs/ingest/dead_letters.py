@@ -28,8 +28,7 @@ from onceflow.jobs.dedup.filter_store import IdFilterStore
 from onceflow.jobs.dedup.first_records import first_ids
 from onceflow.jobs.dedup.id_filters import IdFilters, id_hashes
 from onceflow.jobs.delta.arrow_append import append_arrow_once
-from onceflow.jobs.delta.commit_log import own_commit_version
-from onceflow.jobs.ingest.batch_commit import Written, commit_once
+from onceflow.jobs.ingest.batch_commit import Written, commit_on_filters, commit_once
 from onceflow.jobs.ingest.result import IngestResult
 from onceflow.jobs.ingest.validation import explain_flagged
 from onceflow.jobs.sources.checkpoint import BatchPlan
@@ -105,34 +104,17 @@ def _commit_with_filters(
     spark: SparkSession, source: SourceRuntime, plan: BatchPlan, rows: pa.Table, metadata: dict,
     store: IdFilterStore,
 ) -> Written:
-    """Append those of `rows` whose IDs the dead-letter table's filters do not hold, on the very version the
-    filters answered for (any commit since fails the append; it is then decided again against the filters caught
-    up with it); then their IDs join the filters."""
+    """Append those of `rows` whose IDs the dead-letter table's filters do not hold (`commit_on_filters`); their
+    bucket is the batch's (`BATCH_RANGES`)."""
     path, prints = source.dead_letter_path, id_hashes(rows["record_id"])
-    held: list[tuple[IdFilters, np.ndarray]] = []  # the last try's filters, and which IDs they held
 
-    def append() -> int | None:
-        while held:  # a retry: the last try's filters go back, to be caught up with the commit that beat it
-            store.release(held.pop()[0])
-        filters = store.load(None)
-        seen = filters.seen(prints)
-        held.append((filters, seen))
+    def append(filters: IdFilters, seen: np.ndarray) -> int | None:
         new = rows.filter(pa.array(~seen))
         table = delta_table(path, version=filters.version)
         return new.num_rows if append_arrow_once(table, new, source.app_id, plan.batch_id, metadata) else None
 
-    written = commit_once(spark, source, plan, path, metadata, append)
-    if held:
-        filters, seen = held.pop()
-        new = None if written.replayed else prints.take(~seen)
-
-        def upkeep(filters: IdFilters) -> None:
-            if new is not None:
-                filters.add(new, BATCH_RANGES.of_batch(plan.batch_id, len(new)))
-                filters.version = own_commit_version(path, metadata, after=filters.version)
-
-        store.release_later(filters, upkeep)  # off the batch's path: only the next batch's lookup needs them
-    return written
+    ids = (prints, BATCH_RANGES.of_batch(plan.batch_id, len(prints)))
+    return commit_on_filters(spark, source, plan, path, metadata, (store, None), ids, append)
 
 
 def held_among(table: DeltaTable, ids: pa.ChunkedArray | pa.Array) -> pa.Array:
