@@ -15,7 +15,7 @@ from pyspark.sql import functions as F
 from bench.datasets import BenchmarkError
 from onceflow.jobs.dedup.buckets import BATCH_RANGES
 from onceflow.jobs.delta.raw_table import bucket_of
-from onceflow.jobs.ingest.batch_ingest import ensure_tables
+from onceflow.jobs.ingest.batch_read import ensure_tables
 from onceflow.jobs.sources.reader import SourceRuntime
 from onceflow.orchestration.workload import make_events, with_publisher_retries
 

@@ -94,6 +94,7 @@ def build_ingest_job(pipeline: Pipeline, run_s: float = 0.0) -> dg.JobDefinition
             if result is None:
                 time.sleep(POLL_S)
             requested_ms, requested_by = _now_ms(), "poll"
+        source.read_ahead.drop()  # the next run reads that batch itself: nothing of this run's Spark work outlives it
         release(context.instance, context.run_id)
         if not committed:
             context.log.info(f"{pipeline.source_id}: no new data")

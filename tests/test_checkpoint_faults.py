@@ -60,7 +60,7 @@ def test_an_idle_run_overlapping_a_commit_never_moves_the_checkpoint_back(
     # (idle) watermark: it must not write back the checkpoint it loaded, from before batch 2.
     find_nothing = first.reader.next_plan
 
-    def overlapped(checkpoint, floor):
+    def overlapped(checkpoint, floor, proposal=None):
         write_jsonl(incoming / "2.jsonl", [e.json_line() for e in make_events(30, START_MS, 60_000, 2, "b")])
         assert run_micro_batch(lambda: spark, second) is not None
         return find_nothing(checkpoint, floor) if checkpoint.next_batch > 2 else None

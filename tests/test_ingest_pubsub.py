@@ -10,6 +10,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from onceflow.jobs.ingest.batch_ingest import ingest_batch
+from onceflow.jobs.ingest.batch_read import read_batch
 from onceflow.jobs.ingest.micro_batch import run_micro_batch
 from onceflow.jobs.ingest.result import IngestResult
 from onceflow.jobs.sources.reader import SourceRuntime
@@ -34,7 +35,7 @@ def replay_batch(spark: SparkSession, source: SourceRuntime, batch_id: int) -> I
     plan = source.checkpoints.get_plan(batch_id)
     assert plan is not None
     landed = source.reader.landed(spark, plan)
-    return ingest_batch(spark, source, plan, landed)
+    return ingest_batch(spark, source, plan, read_batch(spark, source, plan, landed))
 
 
 def test_publisher_retries_land_exactly_once(spark: SparkSession, pubsub_emulator: PubSubEmulator, home: Path) -> None:

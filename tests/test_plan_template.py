@@ -10,7 +10,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from onceflow.jobs.declare.record_contract import RecordContract
 from onceflow.jobs.declare.schema import parse_schema
-from onceflow.jobs.ingest.batch_ingest import DRIVER_COLUMNS, _bucketed, _classified, _template
+from onceflow.jobs.ingest.batch_read import DRIVER_COLUMNS, _bucketed, _classified, _template
 from onceflow.jobs.ingest.validation import batch_numbers
 from onceflow.jobs.sources.checkpoint import BatchPlan
 from onceflow.jobs.sources.file_reader import _landing, _landing_template, _listed_uris, _located

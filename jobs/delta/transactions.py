@@ -195,7 +195,7 @@ def warm_writer(spark: SparkSession, path: str) -> None:
     """Have Delta's writer write no rows to the table at `path` as `append_once` would, committing nothing: a new
     process's first append is then seconds faster (its staging table made, Delta's writer and the table's log loaded
     in its session). Nothing to do where the table does not exist yet, or where delta-rs writes its appends (every
-    table without VARIANT: `onceflow.jobs.ingest.batch_ingest.rows_to_driver`)."""
+    table without VARIANT: `onceflow.jobs.ingest.batch_read.rows_to_driver`)."""
     try:
         table = _table(path)
     except TableNotFoundError:

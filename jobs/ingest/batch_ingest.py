@@ -1,9 +1,9 @@
 """Ingest: exactly-once from a landed batch into the raw Delta table, which is the dedup catalog.
 
 Per batch: validate every record against the pipeline's record contract (`onceflow.jobs.ingest.validation`; bad ones become
-dead-letter rows with a reason) in one Spark action, and drop duplicates inside the batch (decided on the driver
-from a few of its columns). That action brings the batch's rows to the driver whole, for delta-rs to write them
-(`rows_to_driver`), or else caches the batch for Spark to write or MERGE its rows. Then, with the ID filters
+dead-letter rows with a reason) in one Spark action (`onceflow.jobs.ingest.batch_read`), and drop duplicates inside
+the batch (decided on the driver from a few of its columns). That action brings the batch's rows to the driver
+whole, for delta-rs to write them, or else caches the batch for Spark to write or MERGE its rows. Then, with the ID filters
 (`onceflow.jobs.dedup.id_filters`, the fast path), look up only the IDs they cannot rule out and append the rest
 (`onceflow.jobs.delta.transactions.append_once`); without them,
 `MERGE INTO raw ... ON record_id ... WHEN NOT MATCHED THEN INSERT` with a partition predicate that bounds the
@@ -20,99 +20,49 @@ them against the classification.
 
 from __future__ import annotations
 
-import functools
 import uuid
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import types as T
 
 from onceflow.jobs.declare.record_contract import RecordContract
-from onceflow.jobs.declare.schema import has_variant, quoted
 from onceflow.jobs.dedup.filter_store import IdFilterStore
 from onceflow.jobs.dedup.first_records import first_ids, without_ordinals
-from onceflow.jobs.dedup.id_filters import (
-    ID_HASH_COLUMNS,
-    IdFilters,
-    batch_fingerprints,
-    id_hash_sql,
-)
+from onceflow.jobs.dedup.id_filters import ID_HASH_COLUMNS, IdFilters, batch_fingerprints
 from onceflow.jobs.delta.commit_log import ATTEMPT_KEY
-from onceflow.jobs.delta.raw_table import (
-    DEAD_LETTER_SCHEMA,
-    bucket_of,
-    ensure_raw_table,
-    raw_schema,
-)
-from onceflow.jobs.delta.transactions import (
-    append_once,
-    begin_append,
-    create_table_once,
-    latest_version,
-    table_properties,
-)
+from onceflow.jobs.delta.transactions import append_once, latest_version
 from onceflow.jobs.ingest.batch_commit import Written, append_new, commit_on_filters, merge_once
-from onceflow.jobs.ingest.dead_letters import COLUMNS as DEAD_LETTER_COLUMNS
+from onceflow.jobs.ingest.batch_read import BatchRead
 from onceflow.jobs.ingest.dead_letters import commit_beside
 from onceflow.jobs.ingest.result import IngestResult
-from onceflow.jobs.ingest.validation import batch_numbers, classify_numbered
 from onceflow.jobs.sources.checkpoint import BatchPlan
 from onceflow.jobs.sources.committed_plans import PLAN_KEY
 from onceflow.jobs.sources.landing import STREAM_STRIDE
 from onceflow.jobs.sources.reader import SourceRuntime
-from onceflow.resources.plan_template import PlanTemplate
 
 EVENT_TIMES_KEY = "onceflow_event_times"
-DRIVER_COLUMNS = ("reason", "unix_millis(event_time) AS t", "raw", "detail")
-"""What the driver reads of every record besides its raw columns, when the rows come to it whole."""
-_counter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onceflow-landed-count")
 
 
-def ensure_tables(source: SourceRuntime) -> None:
-    ensure_raw_table(source.raw_path, source.pipeline)
-    create_table_once(source.dead_letter_path, DEAD_LETTER_SCHEMA, table_properties(source.pipeline.retention_s))
-
-
-def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, landed: DataFrame) -> IngestResult:
-    """Commit one landed batch to the raw and dead-letter tables, exactly once (or at least once)."""
-    # The landing's own count (an independent fact) is read beside the batch's first Spark job.
-    counted = _counter.submit(source.reader.landed_count, plan)
-    pipeline = source.pipeline
-    rows_here = rows_to_driver(source)
-    # Made (on a first batch) and the append's transaction begun beside the batch's first Spark job.
-    begun = None if rows_here else begin_append(spark, source.raw_path, lambda: ensure_tables(source))
-    if begun is None:
-        ensure_tables(source)
-    result = IngestResult(batch_id=plan.batch_id)
+def ingest_batch(
+    spark: SparkSession, source: SourceRuntime, plan: BatchPlan, read: BatchRead,
+    on_read: Callable[[IngestResult, Future | None], None] | None = None,
+) -> IngestResult:
+    """Commit one batch, `read` (`onceflow.jobs.ingest.batch_read.read_batch`), to the raw and dead-letter tables,
+    exactly once (or at least once). `on_read(result, dead_letters)`, once its counts and event times are known and
+    its dead letters' commit (a future, None without dead letters) is begun, may begin work beside its commit."""
+    pipeline, slim, valid, begun = source.pipeline, read.slim, read.valid, read.begun
+    result = IngestResult(batch_id=plan.batch_id, landed=read.landed)
     # The plan travels in the commit: a checkpoint restored from an old copy loses plans, the lake keeps them.
     # The attempt's id tells which of two concurrent attempts at the batch made the commit that holds it.
     metadata = {"onceflow_source": source.app_id, "onceflow_batch": plan.batch_id, PLAN_KEY: plan.to_dict(),
                 ATTEMPT_KEY: uuid.uuid4().hex}
     contract = RecordContract.of(pipeline)
-    numbers = batch_numbers(contract, plan.planned_at_ms, plan.horizon_floor_ms, batch_id=plan.batch_id,
-                            _ingested_ms=plan.planned_at_ms)
-    raw_columns = (
-        "record_id", "event_time", *(quoted(f.name) for f in contract.schema), "payload", "source_position",
-        "publish_time", "batch_id", "timestamp_millis(_ingested_ms) AS ingested_at", "time_bucket",
-        *(quoted(f.name) for f in pipeline.source.bookkeeping), "ordinal",
-    )
-    # Rows to the driver: the plan ends with the one projection the driver reads, so it is part of the template.
-    # The ID filters' fingerprints of the records are computed there too, on a classic session (`IdHash.java`).
-    hashed = rows_here and source.id_filters is not None and hasattr(spark, "_jsparkSession")
-    outputs = (*DRIVER_COLUMNS, *(id_hash_sql() if hashed else ()), *raw_columns) if rows_here else ()
-    classified = _classified(spark, landed, contract, pipeline.time_bucket_ms, numbers, outputs)
     pending: Future | None = None
-    if not rows_here:
-        classified = classified.cache()
     try:
-        slim, valid = _read(classified, raw_columns, rows_here, counted)
-        if begun is not None:
-            begun.result()  # the tables exist from here on
-        result.landed = counted.result()  # before anything commits: a landing that cannot be counted stops the batch
         _summarize(slim, result)
         if result.landed != result.received:  # planned positions that hold no record, or a reading that lost some
             result.landed = source.reader.recount(plan, result.landed)
@@ -122,6 +72,8 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
         # They are explained and committed on a thread of their own while the valid records are decided.
         dead = slim.filter(pc.is_valid(slim["reason"]))
         pending, dead_letters_first = commit_beside(spark, source, plan, contract, dead, metadata, result)
+        if on_read is not None:
+            on_read(result, pending)
         valid_count = result.received - dead.num_rows
         if pipeline.delivery == "at_least_once":
             rows = without_ordinals(valid, np.array([], np.int64))
@@ -152,75 +104,7 @@ def ingest_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, la
     finally:
         if pending is not None:
             pending.exception()  # nothing of a batch outlives it, the error raised already when there was one
-        if not rows_here:
-            classified.unpersist()
-
-
-def _classified(
-    spark: SparkSession, landed: DataFrame, contract: RecordContract, bucket_ms: int, numbers: dict[str, int],
-    outputs: tuple[str, ...],
-) -> DataFrame:
-    """The batch's records classified (`classify`) with their time bucket, projected to `outputs` (SQL) unless it
-    is empty: on a classic session, by the plan analysed once for the pipeline (`PlanTemplate`)."""
-    if not hasattr(spark, "_jsparkSession"):
-        return _bucketed(landed, numbers, contract=contract, bucket_ms=bucket_ms, outputs=outputs)
-    settings = PlanTemplate.settings(spark)
-    template = _template(spark, contract, bucket_ms, outputs, landed.schema, tuple(numbers), settings)
-    return template(landed, numbers)
-
-
-@functools.lru_cache(maxsize=16)
-def _template(
-    spark: SparkSession, contract: RecordContract, bucket_ms: int, outputs: tuple[str, ...],
-    schema: T.StructType, names: tuple[str, ...], settings: str,
-) -> PlanTemplate:
-    """`_classified`'s plan for a pipeline, analysed once in `spark` under its `settings` (a digest of them)."""
-    build = functools.partial(_bucketed, contract=contract, bucket_ms=bucket_ms, outputs=outputs)
-    return PlanTemplate(spark, schema, build, dict.fromkeys(names, 0))
-
-
-def _bucketed(
-    landed: DataFrame, numbers: dict[str, int], *, contract: RecordContract, bucket_ms: int, outputs: tuple[str, ...],
-) -> DataFrame:
-    checked = classify_numbered(landed, contract, numbers)
-    # Projections are SQL text: each column built in Python costs round trips to the JVM.
-    bucketed = checked.selectExpr(*(quoted(name) for name in checked.columns if name != "attributes"),
-                                  f"{bucket_of('event_time', bucket_ms)} AS time_bucket")
-    return bucketed.selectExpr(*outputs) if outputs else bucketed
-
-
-def _read(
-    classified: DataFrame, raw_columns: tuple[str, ...], rows_here: bool, counted: Future
-) -> tuple[pa.Table, DataFrame | pa.Table]:
-    """The batch's one Spark action, which reads and validates it: its driver-side columns (`reason, record_id,
-    ordinal, t, time_bucket` and the dead letters' columns), and its valid records' `raw_columns`. Either every
-    column comes to the driver, where the rows are decided and delta-rs writes them (`rows_here`), or the batch is
-    cached and the valid records stay a DataFrame over it."""
-    try:
-        if rows_here:  # `classified` is projected to `DRIVER_COLUMNS` and `raw_columns` already
-            slim = classified.toArrow()
-            driver_only = ["reason", "t", "raw", "detail", *(c for c in ID_HASH_COLUMNS if c in slim.column_names)]
-            return slim, slim.filter(pc.is_null(slim["reason"])).drop_columns(driver_only)
-        slim = classified.selectExpr(
-            "reason", "record_id", "ordinal", "unix_millis(event_time) AS t", "time_bucket", *DEAD_LETTER_COLUMNS
-        ).toArrow()
-        return slim, classified.filter("reason IS NULL").selectExpr(*raw_columns)
-    except Exception:
-        counted.result()  # a landing that changed under Spark's read (checked beside it) is the error to report
-        raise
-
-
-def rows_to_driver(source: SourceRuntime) -> bool:
-    """Whether a batch's rows come to the driver whole, to be decided there and written by delta-rs: unless the raw
-    table holds VARIANT (delta-rs cannot write it) or its dedup is the MERGE (no ID filters), which are Spark's.
-
-    A batch is then one Spark job, with nothing cached: its second job (Delta's writer, over the cache) cost more
-    than the rows' trip to the driver. Every source bounds a batch's size (`max_bytes`, `max_messages`,
-    `max_records`; `onceflow.orchestration.pipelines` sets them where a declaration does not), and so what the
-    driver holds."""
-    if source.pipeline.delivery == "exactly_once" and source.id_filters is None:
-        return False
-    return not has_variant(raw_schema(source.pipeline))
+        read.release()
 
 
 def _horizon(horizon_floor_ms: int | None, bucket_ms: int) -> str:

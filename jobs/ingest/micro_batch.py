@@ -12,16 +12,18 @@ loudly (the `onceflow` logger, which Dagster records in the run) and numbering c
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
 
 from onceflow.jobs.delta.commit_log import committed_batch, committed_metadata
 from onceflow.jobs.ingest.batch_ingest import EVENT_TIMES_KEY, ingest_batch
+from onceflow.jobs.ingest.batch_read import read_batch, rows_to_driver
 from onceflow.jobs.ingest.result import IngestResult
 from onceflow.jobs.sources.checkpoint import BatchPlan, SourceCheckpoint
 from onceflow.jobs.sources.reader import SourceReader, SourceRuntime, source_watermark_ms
@@ -46,14 +48,16 @@ def run_micro_batch(get_spark: Callable[[], SparkSession], source: SourceRuntime
         learnt = pool.submit(reader.before_batch, _now_ms())
         checkpoint, realigned_from = align_with_lake(source)
         floor = horizon_floor_ms(pipeline.delivery, pipeline.dedup_horizon_s, checkpoint)
-        plan = reader.next_plan(checkpoint, floor)
+        plan = reader.next_plan(checkpoint, floor, source.read_ahead.proposal)
+        ahead = source.read_ahead.take(plan)
         if plan is None:
             learnt.result()
             source.checkpoints.update(lambda c: _with_watermark(reader, c))
             return None
         spark = get_spark()
         register_spark_functions(spark)
-        result = ingest_batch(spark, source, plan, reader.landed(spark, plan))
+        read = ahead or read_batch(spark, source, plan, reader.landed(spark, plan))
+        result = ingest_batch(spark, source, plan, read, functools.partial(_read_next, spark, source, checkpoint, plan))
         result.realigned_from = realigned_from
         if result.lost_race:
             log.warning(f"{source.app_id} batch {plan.batch_id}: a concurrent attempt committed it first; this "
@@ -63,6 +67,25 @@ def run_micro_batch(get_spark: Callable[[], SparkSession], source: SourceRuntime
         learnt.result()
         source.checkpoints.update(lambda c: advanced(source, c, plan, result))
     return result
+
+
+def _read_next(
+    spark: SparkSession, source: SourceRuntime, checkpoint: SourceCheckpoint, plan: BatchPlan, result: IngestResult,
+    after: Future | None,
+) -> None:
+    """Begin reading the batch after `plan` (`onceflow.jobs.ingest.read_ahead`), as it would be planned once `plan`
+    commits (`result`: its counts and event times so far), after `after` (its dead letters' commit)."""
+    if not source.reader.reads_ahead or not rows_to_driver(source):  # else the batch's own Spark jobs come after
+        return
+    committed = advanced(source, checkpoint.model_copy(deep=True), plan, result)
+    if committed is None:
+        return
+    floor = horizon_floor_ms(source.pipeline.delivery, source.pipeline.dedup_horizon_s, committed)
+    proposal = source.checkpoints.get_plan(committed.next_batch) or source.reader.propose(committed, floor)
+    if proposal is not None:
+        source.read_ahead.begin(
+            proposal, lambda: read_batch(spark, source, proposal, source.reader.landed(spark, proposal)), after
+        )
 
 
 def _warn_if_wide(source: SourceRuntime, batch_id: int, result: IngestResult) -> None:

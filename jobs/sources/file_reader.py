@@ -101,6 +101,8 @@ def _line_offsets(uris: str) -> str:
 class FileReader:
     """See the module docstring; `pipeline.source` is a settings-resolved `FileSource`."""
 
+    reads_ahead = True
+
     def __init__(self, pipeline: Pipeline, checkpoints: CheckpointStore) -> None:
         source = pipeline.source
         if not isinstance(source, FileSource) or source.max_files is None:
@@ -111,23 +113,26 @@ class FileReader:
     def has_data(self, checkpoint: SourceCheckpoint) -> bool:
         return bool(self.directory.discover(set(checkpoint.taken_files), 1, 1))
 
-    def next_plan(self, checkpoint: SourceCheckpoint, horizon_floor_ms: int | None) -> BatchPlan | None:
+    def next_plan(
+        self, checkpoint: SourceCheckpoint, horizon_floor_ms: int | None, proposal: BatchPlan | None = None
+    ) -> BatchPlan | None:
         plan = self.checkpoints.get_plan(checkpoint.next_batch)
         if plan is not None:
             return plan
+        fresh = self.propose(checkpoint, horizon_floor_ms)
+        if fresh is None:
+            return None
+        # The plan read ahead is this one when only its planning time differs: it was made a moment earlier.
+        same = proposal is not None and proposal.model_copy(update={"planned_at_ms": fresh.planned_at_ms}) == fresh
+        return self.checkpoints.plan(proposal if same else fresh)
+
+    def propose(self, checkpoint: SourceCheckpoint, horizon_floor_ms: int | None) -> BatchPlan | None:
         assert self.source.max_files is not None
         files = self.directory.discover(set(checkpoint.taken_files), self.source.max_files, self.source.max_bytes)
         if not files:
             return None
-        return self.checkpoints.plan(
-            BatchPlan(
-                batch_id=checkpoint.next_batch,
-                kind="files",
-                horizon_floor_ms=horizon_floor_ms,
-                planned_at_ms=int(time.time() * 1000),
-                files=tuple(files),
-            )
-        )
+        return BatchPlan(batch_id=checkpoint.next_batch, kind="files", horizon_floor_ms=horizon_floor_ms,
+                         planned_at_ms=int(time.time() * 1000), files=tuple(files))
 
     def landed(self, spark: SparkSession, plan: BatchPlan) -> DataFrame:
         paths = [self.directory.path_of(entry) for entry in plan.files]

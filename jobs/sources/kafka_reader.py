@@ -43,6 +43,8 @@ class KafkaPositionUnknown(RuntimeError):
 class KafkaReader:
     """See the module docstring; `pipeline.source` is a settings-resolved `KafkaSource`."""
 
+    reads_ahead = False  # after a batch commits, its offsets are committed to the consumer group
+
     def __init__(self, pipeline: Pipeline, checkpoints: CheckpointStore, plans: CommittedPlans) -> None:
         source = pipeline.source
         if not isinstance(source, KafkaSource) or source.max_records is None:
@@ -92,7 +94,9 @@ class KafkaReader:
         stable = self.client.offsets(self.source.topic, partitions, "latest")
         return ends is None or any(stable[p] > ends.get(p, 0) for p in partitions)
 
-    def next_plan(self, checkpoint: SourceCheckpoint, horizon_floor_ms: int | None) -> BatchPlan | None:
+    def next_plan(
+        self, checkpoint: SourceCheckpoint, horizon_floor_ms: int | None, proposal: BatchPlan | None = None
+    ) -> BatchPlan | None:
         plan = self.checkpoints.get_plan(checkpoint.next_batch)
         if plan is not None:
             return plan

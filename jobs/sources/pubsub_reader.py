@@ -39,6 +39,8 @@ class PubSubReader:
     """See the module docstring; `pipeline.source` is a settings-resolved `PubSubSource`. `client` makes the
     Pub/Sub client when it is first needed; None for work that only reads landed batches."""
 
+    reads_ahead = False  # planning lands and acknowledges messages
+
     def __init__(
         self,
         pipeline: Pipeline,
@@ -78,7 +80,9 @@ class PubSubReader:
     def landing_key(self, batch_id: int) -> str:
         return f"{self.checkpoints.source_id}/{batch_id:012d}.parquet"
 
-    def next_plan(self, checkpoint: SourceCheckpoint, horizon_floor_ms: int | None) -> BatchPlan | None:
+    def next_plan(
+        self, checkpoint: SourceCheckpoint, horizon_floor_ms: int | None, proposal: BatchPlan | None = None
+    ) -> BatchPlan | None:
         source, batch_id = self.source, checkpoint.next_batch
         plan = self.checkpoints.get_plan(batch_id)
         if plan is not None and self.landing.exists(plan.landing_key or ""):

@@ -10,7 +10,7 @@ Every reader lands a batch in one schema (`onceflow.jobs.sources.landing.LANDING
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from pyspark.sql import DataFrame, SparkSession
@@ -19,6 +19,7 @@ from onceflow.jobs.declare.declaration import Pipeline
 from onceflow.jobs.declare.sources import FileSource, KafkaSource
 from onceflow.jobs.dedup.buckets import BATCH_RANGES
 from onceflow.jobs.dedup.filter_store import IdFilterStore
+from onceflow.jobs.ingest.read_ahead import ReadAhead
 from onceflow.jobs.sources.checkpoint import BatchPlan, CheckpointStore, EpochStore, SourceCheckpoint
 from onceflow.jobs.sources.committed_plans import CommittedPlans
 from onceflow.jobs.sources.file_reader import FileReader
@@ -39,9 +40,21 @@ class SourceReader(Protocol):
         nothing)."""
         ...
 
-    def next_plan(self, checkpoint: SourceCheckpoint, horizon_floor_ms: int | None) -> BatchPlan | None:
+    reads_ahead: bool
+    """Whether the next batch can be proposed (`propose`) and read before this one commits: its planning has no
+    effect beside the plan (Pub/Sub's lands and acknowledges messages; Kafka's commits the consumer group's
+    offsets after a batch)."""
+
+    def next_plan(
+        self, checkpoint: SourceCheckpoint, horizon_floor_ms: int | None, proposal: BatchPlan | None = None
+    ) -> BatchPlan | None:
         """The planned-but-uncommitted batch if there is one, else plan (and, for Pub/Sub, land and ack) the
-        next; None when there is nothing new. A plan is durable before anything is acknowledged."""
+        next; None when there is nothing new. A plan is durable before anything is acknowledged. `proposal`
+        (`reads_ahead` only): the plan the next batch was read ahead for, recorded instead when it is the same."""
+        ...
+
+    def propose(self, checkpoint: SourceCheckpoint, horizon_floor_ms: int | None) -> BatchPlan | None:
+        """`reads_ahead` only: the plan `next_plan` would make now, recorded nowhere."""
         ...
 
     def landed(self, spark: SparkSession, plan: BatchPlan) -> DataFrame:
@@ -102,7 +115,8 @@ class SourceRuntime:
     checkpoints and landing files (`<pipeline>/<kind>`, then `<pipeline>/<kind>@<epoch>` after a reset). Batch
     numbers go on across epochs: an epoch's first batch is above every batch of the epochs before it.
     `id_filters` and `dead_letter_filters` keep the fingerprints of the IDs the raw and dead-letter tables hold
-    (None: the lake's fast path is off, or, for raw, the pipeline is at-least-once).
+    (None: the lake's fast path is off, or, for raw, the pipeline is at-least-once). `read_ahead` holds the next
+    batch's read while a batch commits (`onceflow.jobs.ingest.read_ahead`).
     """
 
     pipeline: Pipeline
@@ -114,6 +128,7 @@ class SourceRuntime:
     dead_letter_path: str
     id_filters: IdFilterStore | None = None
     dead_letter_filters: IdFilterStore | None = None
+    read_ahead: ReadAhead = field(default_factory=ReadAhead, compare=False)
 
 
 def app_id(pipeline: Pipeline, epoch: int) -> str:
