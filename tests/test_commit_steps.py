@@ -366,6 +366,26 @@ def test_a_failed_bigquery_job_id_is_never_reused_for_a_new_job(
     assert_published_once(home, bigquery_client, target)
 
 
+def test_a_bigquery_job_still_running_when_submitted_and_failing_later_is_a_failed_job(
+    home: Path, bigquery_emulator: BigQueryEmulator, bigquery_client: bigquery.Client, target: BigQueryTarget
+) -> None:
+    # The emulator answers a submission after 1 s, as BigQuery may: this job is still RUNNING then. Waiting for
+    # it, the results call fails (400) before the job's status says DONE with its error: that is a failed job,
+    # never a done one.
+    load = publish(home, target).sequence.steps[2]
+    assert isinstance(load, BigQueryLoad)
+    slow = "SELECT IF(SUM(x) > 0, ERROR('boom'), 0) AS y FROM UNNEST(GENERATE_ARRAY(1, 8000000)) AS x"
+    submitted: list[bigquery.QueryJob] = []
+
+    def submit(job_id: str) -> bigquery.QueryJob:
+        submitted.append(bigquery_client.query(slow, job_id=job_id, job_retry=None))
+        return submitted[0]
+
+    with pytest.raises(RuntimeError, match=rf"BigQuery merge job {load.job_id('merge', 0)} failed: .*boom"):
+        load._run_job(context(home, bigquery_emulator), bigquery_client, "merge", submit)
+    assert submitted[0].state == "DONE"
+
+
 # --- concurrency ----------------------------------------------------------------------------------------------
 
 

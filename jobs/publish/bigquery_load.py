@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
@@ -270,9 +271,17 @@ def _wait(job: Any, timeout_s: float) -> None:
     not an exception."""
     from google.api_core.exceptions import GoogleAPICallError
 
+    deadline = time.monotonic() + timeout_s
     try:
         job.result(timeout=timeout_s)
     except GoogleAPICallError:
-        pass
+        # The error may come from the results call (jobs.getQueryResults) of a query that failed, before the
+        # job's own status was read: its `error_result` is only an answer once jobs.get says DONE.
+        while job.state != "DONE" and time.monotonic() < deadline:
+            job.reload()
+            if job.state != "DONE":
+                time.sleep(0.1)
     except TimeoutError:
-        raise TimeoutError(f"BigQuery job {job.job_id} not done after {timeout_s:.0f}s (state {job.state})") from None
+        pass
+    if job.state != "DONE":
+        raise TimeoutError(f"BigQuery job {job.job_id} not done after {timeout_s:.0f}s (state {job.state})")
