@@ -1,7 +1,10 @@
 """Ingest time per batch as the raw and dead-letter tables grow inside the dedup horizon, with and without the dedup
 fast path (DESIGN.md section 10, benchmark 2). The data: `bench.growth_data`.
 
-Per table size N (`--growth-rows`, default 1,000,000 and 10,000,000), on `bench.run`'s Spark session:
+Per table size N (`--growth-rows`, default 1,000,000 and 10,000,000), on `bench.run`'s Spark session, steps 1-3
+for every size first, then steps 4-5 batch by batch across the sizes (each batch of the 1 M home beside the same
+batch of the 10 M one, the sizes' order alternating): run one size after the other, minutes apart, the ratio
+of their medians moved from 0.7 to 1.5 between runs of the same commit with what else the machine was doing.
 
 1. A fresh onceflow home for the `events` file pipeline; the tables are created as ingest creates them
    (`onceflow.jobs.ingest.batch_read.ensure_tables`), then N synthetic rows are appended to the raw table by one
@@ -42,6 +45,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +60,7 @@ from bench.growth_data import (
     HOUR_MS,
     LOADED_HOURS,
     RETRY_FRACTION,
+    Redelivery,
     bulk_load,
     write_batches,
     write_redelivery,
@@ -115,11 +120,26 @@ def _table_facts(path: str) -> tuple[int, int]:
     return len(prints), len(prints) - repeats
 
 
-def measure(
-    spark: SparkSession, rows: int, batches: int, batch_records: int, work: Path,
-    log: Callable[[str], None] = _print,
-) -> dict[str, Any]:
-    """One size: bulk load, copy, rebuild, then `batches` alternating timed batches per home; see the module."""
+@dataclass
+class _Size:
+    """One table size's homes (`sources`, by variant) and what their batches gave so far."""
+
+    rows: int
+    batches: int
+    sources: dict[str, SourceRuntime]
+    distinct: int
+    fresh_bad: int
+    redelivered: Redelivery
+    facts: dict[str, Any]
+    seconds: dict[str, list[float]] = field(default_factory=lambda: {name: [] for name in VARIANTS})
+    inserted: dict[str, int] = field(default_factory=lambda: dict.fromkeys(VARIANTS, 0))
+    fast_path: list[dict[str, Any]] = field(default_factory=list)
+
+
+def prepare(
+    spark: SparkSession, rows: int, batches: int, batch_records: int, work: Path, log: Callable[[str], None],
+) -> _Size:
+    """One size's bulk load, copy, redelivery files and filter rebuild (steps 1-3 of the module)."""
     end_ms = (int(time.time() * 1000) // HOUR_MS - 1) * HOUR_MS
     source_dir = work / "source"
     distinct = write_batches(source_dir, batches, batch_records, end_ms)
@@ -144,59 +164,77 @@ def measure(
         fresh_bad += BAD_PER_BATCH - redelivered.dead
     rebuild_s, buckets = rebuild_filters(sources["with"])
     log(f"table_growth {rows:,} rows: filter rebuild {rebuild_s:.2f} s ({buckets} buckets)")
-    seconds: dict[str, list[float]] = {name: [] for name in VARIANTS}
-    inserted = dict.fromkeys(VARIANTS, 0)
-    fast_path: list[dict[str, Any]] = []
-    for name in VARIANTS:
-        for batch in range(1, batches + REDELIVERY_BATCHES + 1):
-            # Each batch is timed whole, from its own read: what the batch before read ahead is dropped.
-            sources[name].read_ahead.drop()
-            os.sync()  # the bulk load's and the batch before's writes are on disk: a checkpoint's fsync waits for none
-            start = time.perf_counter()
-            result = run_micro_batch(lambda: spark, sources[name])
-            elapsed = time.perf_counter() - start
-            if result is None or result.batch_id != batch or result.dead_lettered_total != BAD_PER_BATCH:
-                raise BenchmarkError(f"table_growth {rows} {name}: batch {batch} gave {result}")
-            # A fresh batch may repeat the batch before's records (a retry across files), never its bad ones.
-            found = (result.duplicates_committed if batch > batches else 0, result.dead_letter_duplicates)
-            if found != ((redelivered.valid, redelivered.dead) if batch > batches else (0, 0)):
-                raise BenchmarkError(f"table_growth {rows} {name}: batch {batch} found {found} of its "
-                                     "(valid, dead) records committed before")
-            if name == "with" and (result.fast_path is None or result.fast_path["filters_rebuilt"]):
-                raise BenchmarkError(f"table_growth {rows}: batch {batch} did not use the saved filters: "
-                                     f"{result.fast_path}")
-            seconds[name].append(elapsed)
-            inserted[name] += result.inserted
-            if name == "with":
-                fast_path.append(dict(result.fast_path or {}))
-            log(f"table_growth {rows:,} rows: batch {batch} {name} fast path: {result.received} records"
-                f"{' (redelivery)' if batch > batches else ''}, {elapsed:.2f} s")
-    for name, source in sources.items():
+    facts = {"filter_rebuild_s": rebuild_s, "bulk_load_s": bulk_s, "raw_files": raw_files, "filter_buckets": buckets}
+    return _Size(rows, batches, sources, distinct, fresh_bad, redelivered, facts)
+
+
+def time_batch(spark: SparkSession, size: _Size, name: str, batch: int, log: Callable[[str], None]) -> None:
+    """Run and time batch `batch` of one size's home `name`, checking what it found committed (step 4 or 5)."""
+    rows, batches, redelivered, source = size.rows, size.batches, size.redelivered, size.sources[name]
+    # Each batch is timed whole, from its own read: what the batch before read ahead is dropped.
+    source.read_ahead.drop()
+    os.sync()  # the bulk load's and the batch before's writes are on disk: a checkpoint's fsync waits for none
+    start = time.perf_counter()
+    result = run_micro_batch(lambda: spark, source)
+    elapsed = time.perf_counter() - start
+    if result is None or result.batch_id != batch or result.dead_lettered_total != BAD_PER_BATCH:
+        raise BenchmarkError(f"table_growth {rows} {name}: batch {batch} gave {result}")
+    # A fresh batch may repeat the batch before's records (a retry across files), never its bad ones.
+    found = (result.duplicates_committed if batch > batches else 0, result.dead_letter_duplicates)
+    if found != ((redelivered.valid, redelivered.dead) if batch > batches else (0, 0)):
+        raise BenchmarkError(f"table_growth {rows} {name}: batch {batch} found {found} of its "
+                             "(valid, dead) records committed before")
+    if name == "with" and (result.fast_path is None or result.fast_path["filters_rebuilt"]):
+        raise BenchmarkError(f"table_growth {rows}: batch {batch} did not use the saved filters: "
+                             f"{result.fast_path}")
+    size.seconds[name].append(elapsed)
+    size.inserted[name] += result.inserted
+    if name == "with":
+        size.fast_path.append(dict(result.fast_path or {}))
+    log(f"table_growth {rows:,} rows: batch {batch} {name} fast path: {result.received} records"
+        f"{' (redelivery)' if batch > batches else ''}, {elapsed:.2f} s")
+
+
+def checked(size: _Size) -> dict[str, Any]:
+    """Step 6 for one size, then its figures."""
+    rows, batches, seconds = size.rows, size.batches, size.seconds
+    for name, source in size.sources.items():
         total, unique = _table_facts(source.raw_path)
-        if total != rows + distinct or unique != total or inserted[name] != distinct:
+        if total != rows + size.distinct or unique != total or size.inserted[name] != size.distinct:
             raise BenchmarkError(f"table_growth {rows} {name}: raw table has {total} rows ({unique} distinct), "
-                                 f"{inserted[name]} inserted; expected {rows + distinct} rows, {distinct} inserted")
+                                 f"{size.inserted[name]} inserted; expected {rows + size.distinct} rows, "
+                                 f"{size.distinct} inserted")
         total, unique = _table_facts(source.dead_letter_path)
-        if total != rows + fresh_bad or unique != total:
+        if total != rows + size.fresh_bad or unique != total:
             raise BenchmarkError(f"table_growth {rows} {name}: dead-letter table has {total} rows ({unique} "
-                                 f"distinct); expected {rows + fresh_bad}")
+                                 f"distinct); expected {rows + size.fresh_bad}")
     return {
         "rows": rows,
         "with_batch_s": statistics.median(seconds["with"][:batches]),
         "without_batch_s": statistics.median(seconds["without"][:batches]),
         "with_redelivery_s": statistics.median(seconds["with"][batches:]),
         "without_redelivery_s": statistics.median(seconds["without"][batches:]),
-        "filter_rebuild_s": rebuild_s,
         "with_batch_seconds": seconds["with"],
         "without_batch_seconds": seconds["without"],
-        "fast_path": fast_path,
-        "bulk_load_s": bulk_s,
-        "raw_files": raw_files,
-        "filter_buckets": buckets,
-        "rows_after": rows + distinct,
-        "dead_letter_rows_after": rows + fresh_bad,
+        "fast_path": size.fast_path,
+        **size.facts,
+        "rows_after": rows + size.distinct,
+        "dead_letter_rows_after": rows + size.fresh_bad,
         "checked": True,
     }
+
+
+def measure(
+    spark: SparkSession, sizes: tuple[int, ...], batches: int, batch_records: int, work: Path,
+    log: Callable[[str], None] = _print,
+) -> dict[str, dict[str, Any]]:
+    """Every size's homes prepared, then their batches interleaved (see the module), then checked; by size."""
+    prepared = [prepare(spark, rows, batches, batch_records, work / f"rows-{rows}", log) for rows in sizes]
+    for name in VARIANTS:
+        for batch in range(1, batches + REDELIVERY_BATCHES + 1):
+            for size in prepared if batch % 2 else prepared[::-1]:
+                time_batch(spark, size, name, batch, log)
+    return {str(size.rows): checked(size) for size in prepared}
 
 
 def table_growth(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any] | None:
@@ -204,22 +242,16 @@ def table_growth(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any
     sizes: tuple[int, ...] = getattr(args, "growth_rows", None) or SIZES
     batches: int = getattr(args, "growth_batches", None) or BATCHES
     batch_records: int = getattr(args, "growth_batch_records", None) or BATCH_RECORDS
-    measured: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="onceflow-bench-growth-") as tmp:
-        warm = Path(tmp) / "warmup"
-        measure(spark, WARMUP_ROWS, 2, min(batch_records, 5_000), warm, log=lambda _: None)
-        shutil.rmtree(warm, ignore_errors=True)
+        measure(spark, (WARMUP_ROWS,), 2, min(batch_records, 5_000), Path(tmp) / "warmup", log=lambda _: None)
+        shutil.rmtree(Path(tmp) / "warmup", ignore_errors=True)
         _print(f"table_growth warm-up: {WARMUP_ROWS:,} rows, two batches per home (discarded)")
-        for rows in sizes:
-            work = Path(tmp) / f"rows-{rows}"
-            try:
-                measured[str(rows)] = size = measure(spark, rows, batches, batch_records, work)
-            finally:
-                shutil.rmtree(work, ignore_errors=True)
-            _print(f"table_growth {rows:,} rows: median batch {size['with_batch_s']:.2f} s with the fast path, "
-                   f"{size['without_batch_s']:.2f} s without; redelivery batch {size['with_redelivery_s']:.2f} s "
-                   f"with, {size['without_redelivery_s']:.2f} s without; filter rebuild "
-                   f"{size['filter_rebuild_s']:.2f} s")
+        measured = measure(spark, sizes, batches, batch_records, Path(tmp))
+    for rows, size in measured.items():
+        _print(f"table_growth {int(rows):,} rows: median batch {size['with_batch_s']:.2f} s with the fast path, "
+               f"{size['without_batch_s']:.2f} s without; redelivery batch {size['with_redelivery_s']:.2f} s "
+               f"with, {size['without_redelivery_s']:.2f} s without; filter rebuild "
+               f"{size['filter_rebuild_s']:.2f} s")
     small, large = measured[str(sizes[0])], measured[str(sizes[-1])]
     several = len(sizes) > 1
     return {
@@ -234,8 +266,8 @@ def table_growth(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any
             "records_per_batch": batch_records, "retry_fraction": RETRY_FRACTION,
             "bad_records_per_batch": BAD_PER_BATCH, "dead_letter_rows": "as many as the raw table's, N",
             "loaded_hours": LOADED_HOURS, "fresh_event_hours": FRESH_HOURS, "dedup_horizon_hours": 24,
-            "order": "warm-up (discarded), then per size: every batch of the home with the fast path, then every "
-                     "batch of the one without",
+            "order": "warm-up (discarded); every size's homes prepared; then batch by batch, every size's home "
+                     "with the fast path (sizes alternating in order), then the same for the homes without",
             "timed": TIMED,
         },
     }
