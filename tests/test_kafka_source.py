@@ -112,6 +112,39 @@ def test_three_partitions_with_retries_and_bad_records_land_once(
 
 
 @pytest.mark.engine_paths
+def test_a_kafka_batch_read_ahead_is_recorded_though_more_arrived_since(
+    spark: SparkSession, kafka_broker: KafkaBroker, topic: str, home: Path
+) -> None:
+    producer = Producer({"bootstrap.servers": kafka_broker.bootstrap, "enable.idempotence": True})
+
+    def send(numbers: range) -> None:
+        produce(producer, topic, [(0, f"ra-{n}", json.dumps(click(n)).encode()) for n in numbers])
+
+    send(range(12))
+    source = clicks_source(home, max_records=8)
+    first = run_micro_batch(lambda: spark, source)
+    proposal = source.read_ahead.proposal
+    assert first is not None and proposal is not None
+    assert [(p, start, until) for p, start, until in proposal.offsets if until > start] == [(0, 8, 12)]
+    assert source.checkpoints.get_plan(proposal.batch_id) is None  # nothing is recorded for a read ahead
+    source.read_ahead.settle()
+    send(range(12, 21))  # after the read ahead: the next plan would now take offsets 8-16
+
+    # Offsets 8-12 hold the records read ahead whatever arrived since: the batch is that smaller one.
+    second = run_micro_batch(lambda: spark, source)
+    assert second is not None and (second.batch_id, second.inserted) == (proposal.batch_id, 4)
+    assert source.checkpoints.get_plan(second.batch_id) == proposal
+    rest = drain(lambda: spark, source)
+    assert [r.inserted for r in rest] == [8, 1] and all(r.balances() for r in [first, second, *rest])
+    ids = [row[0] for row in read_rows(source.raw_path, ["record_id"])]
+    assert sorted(ids) == sorted(f"ra-{n}" for n in range(21))
+    admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
+    group = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions("onceflow-clicks")])["onceflow-clicks"]
+    assert [(tp.partition, tp.offset) for tp in group.result(30).topic_partitions
+            if tp.topic == topic and tp.partition == 0] == [(0, 21)]
+
+
+@pytest.mark.engine_paths
 def test_aborted_and_open_transactions_never_enter_raw(
     spark: SparkSession, kafka_broker: KafkaBroker, topic: str, home: Path
 ) -> None:

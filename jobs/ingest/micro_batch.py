@@ -66,6 +66,8 @@ def run_micro_batch(get_spark: Callable[[], SparkSession], source: SourceRuntime
         crash_point("ingest.after_merge")
         learnt.result()
         source.checkpoints.update(lambda c: advanced(source, c, plan, result))
+        if not result.lost_race:
+            reader.after_checkpoint(plan)
     return result
 
 

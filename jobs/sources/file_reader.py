@@ -175,6 +175,9 @@ class FileReader:
         assert isinstance(watermark, FileWatermark)
         watermark.observe(outcome.max_event_time_ms, now_ms)
 
+    def after_checkpoint(self, plan: BatchPlan) -> None:
+        return None
+
     def ensure(self) -> str:
         self.directory.directory.mkdir(parents=True, exist_ok=True)
         return f"directory {self.directory.directory}"

@@ -43,7 +43,7 @@ class KafkaPositionUnknown(RuntimeError):
 class KafkaReader:
     """See the module docstring; `pipeline.source` is a settings-resolved `KafkaSource`."""
 
-    reads_ahead = False  # after a batch commits, its offsets are committed to the consumer group
+    reads_ahead = True
 
     def __init__(self, pipeline: Pipeline, checkpoints: CheckpointStore, plans: CommittedPlans) -> None:
         source = pipeline.source
@@ -100,17 +100,21 @@ class KafkaReader:
         plan = self.checkpoints.get_plan(checkpoint.next_batch)
         if plan is not None:
             return plan
+        fresh = self.propose(checkpoint, horizon_floor_ms)
+        if fresh is None:
+            return None
+        if fresh.lost:
+            log.warning(f"{self.checkpoints.source_id}: {_lost_message(self.source.topic, fresh.lost)}; they become "
+                        "dead letters (on_lost_records='dead_letter')")
+        return self.checkpoints.plan(proposal if _within(proposal, fresh) else fresh)
+
+    def propose(self, checkpoint: SourceCheckpoint, horizon_floor_ms: int | None) -> BatchPlan | None:
         ranges = self._next_ranges(checkpoint)
         if ranges is None:
             return None
         offsets, lost = ranges
-        if lost:
-            log.warning(f"{self.checkpoints.source_id}: {_lost_message(self.source.topic, lost)}; they become "
-                        "dead letters (on_lost_records='dead_letter')")
-        return self.checkpoints.plan(BatchPlan(
-            batch_id=checkpoint.next_batch, kind="kafka", horizon_floor_ms=horizon_floor_ms,
-            planned_at_ms=int(time.time() * 1000), offsets=offsets, lost=lost,
-        ))
+        return BatchPlan(batch_id=checkpoint.next_batch, kind="kafka", horizon_floor_ms=horizon_floor_ms,
+                         planned_at_ms=int(time.time() * 1000), offsets=offsets, lost=lost)
 
     def landed(self, spark: SparkSession, plan: BatchPlan) -> DataFrame:
         self._check_still_held(plan)
@@ -218,6 +222,8 @@ class KafkaReader:
         # A partition with records past this batch is not idle, read or not: it holds the watermark.
         waiting = [p for p, count in self._lag_after(plan).items() if count]
         watermark.observe({**dict.fromkeys(waiting), **{p: seen.get(p) for p in read}}, now_ms)
+
+    def after_checkpoint(self, plan: BatchPlan) -> None:
         try:
             self.client.commit_group(f"onceflow-{self.pipeline.name}", self.source.topic,
                                      {p: until for p, _, until in plan.offsets})
@@ -244,6 +250,21 @@ class KafkaReader:
     def ensure(self) -> str:
         self.client.create_topic(self.source.topic)
         return f"Kafka topic {self.source.topic}"
+
+
+def _within(proposal: BatchPlan | None, fresh: BatchPlan) -> bool:
+    """Whether the plan read ahead, `proposal`, may be recorded instead of `fresh`: the same batch, horizon floor
+    and lost ranges, each partition's offsets starting where `fresh`'s do and ending no later. The records at an
+    offset never change, so it is a smaller batch of the same records (the rest comes next); more arrived since
+    it was proposed is the common case of a topic that is not behind."""
+    if proposal is None or proposal.kind != "kafka":
+        return False
+    same = ((proposal.batch_id, proposal.horizon_floor_ms, proposal.lost)
+            == (fresh.batch_id, fresh.horizon_floor_ms, fresh.lost))
+    starts = [(p, start) for p, start, _ in proposal.offsets] == [(p, start) for p, start, _ in fresh.offsets]
+    return same and starts and all(
+        start <= until <= limit for (_, start, until), (_, _, limit) in zip(proposal.offsets, fresh.offsets, strict=True)
+    )
 
 
 def _shared(budget: int, available: dict[int, int]) -> dict[int, int]:

@@ -196,6 +196,9 @@ class PubSubReader:
         self._report_acked(watermark)
         watermark.committed(self.landed_messages(plan))
 
+    def after_checkpoint(self, plan: BatchPlan) -> None:
+        return None
+
     def lag(self, plan: BatchPlan) -> dict[str, int]:
         return {}
 

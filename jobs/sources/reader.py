@@ -42,8 +42,7 @@ class SourceReader(Protocol):
 
     reads_ahead: bool
     """Whether the next batch can be proposed (`propose`) and read before this one commits: its planning has no
-    effect beside the plan (Pub/Sub's lands and acknowledges messages; Kafka's commits the consumer group's
-    offsets after a batch)."""
+    effect beside the plan (Pub/Sub's lands and acknowledges messages)."""
 
     def next_plan(
         self, checkpoint: SourceCheckpoint, horizon_floor_ms: int | None, proposal: BatchPlan | None = None
@@ -90,7 +89,13 @@ class SourceReader(Protocol):
         self, watermark: WatermarkEstimator, plan: BatchPlan, outcome: BatchOutcome, now_ms: int
     ) -> None:
         """Feed the estimator a committed batch. May run more than once per batch (a lost checkpoint race):
-        it changes nothing but the estimator."""
+        it changes nothing but the estimator: it also runs on a copy, to propose the batch after an uncommitted one
+        (`onceflow.jobs.ingest.read_ahead`)."""
+        ...
+
+    def after_checkpoint(self, plan: BatchPlan) -> None:
+        """Told once the checkpoint holds batch `plan` committed: what only tools outside onceflow read (Kafka: the
+        consumer group's offsets, for lag tools). Best effort, never read back."""
         ...
 
     def lag(self, plan: BatchPlan) -> dict[str, int]:
