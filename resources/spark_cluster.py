@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -129,13 +130,19 @@ def _await_master(process: subprocess.Popen[bytes], log_path: Path, deadline: fl
 
 
 def _await_workers(cluster: SparkCluster, workers: int, deadline: float) -> None:
+    unanswered: urllib.error.URLError | None = None
     while time.monotonic() < deadline:
         for n, process in enumerate(cluster.processes):
             if process.poll() is not None:
                 name = "master" if n == 0 else f"worker-{n - 1}"
                 log = (cluster.workdir / f"{name}.log").read_text(errors="replace")
                 raise SparkClusterError(f"the Spark {name} exited: {log[-3000:]}")
-        if cluster.status()["aliveworkers"] >= workers:
-            return
+        try:
+            if cluster.status()["aliveworkers"] >= workers:
+                return
+        except urllib.error.URLError as error:
+            # Its UI's port is in the log as soon as it is bound, before every page answers (a 404 was seen).
+            unanswered = error
         time.sleep(0.5)
-    raise SparkClusterError(f"{workers} Spark workers did not register with {cluster.master_url} in time")
+    raise SparkClusterError(f"{workers} Spark workers did not register with {cluster.master_url} in time"
+                            + (f" (its UI last answered {unanswered})" if unanswered else ""))
