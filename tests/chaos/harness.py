@@ -46,6 +46,7 @@ from onceflow.orchestration.cli.status import reconcile_pipeline
 from onceflow.orchestration.deployments import resources_for
 from onceflow.orchestration.local_stack import PROFILES, LocalStack, local_stack
 from onceflow.orchestration.pipelines import load_pipelines
+from onceflow.orchestration.run_launcher import LAUNCHED_BY_TAG
 from onceflow.orchestration.workload import KAFKA_MALFORMED, MALFORMED, KafkaEventsClient, Publisher
 from onceflow.resources.delta_storage import delta_table
 from onceflow.resources.settings import load_settings
@@ -85,6 +86,7 @@ class ChaosReport:
     lost: list[str] = field(default_factory=list)
     duplicated: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    launches: Counter[str] = field(default_factory=Counter)
     elapsed_s: float = 0.0
 
     @property
@@ -96,6 +98,7 @@ class ChaosReport:
         return (f"chaos seed {self.seed} on the {self.engine_path} engine path, {self.profile} profile: {sum(self.faults.values())} faults ({kinds}); {self.published} messages "
                 f"published ({self.records} records, {self.malformed} malformed) over 2 pipelines (events on "
                 f"{self.source}); "
+                f"{sum(self.launches.values())} runs ({self.launches['standby']} launched in standby processes); "
                 f"lost {len(self.lost)}, duplicated {len(self.duplicated)}; {len(self.problems)} other problems; "
                 f"{self.elapsed_s:.0f}s")
 
@@ -142,6 +145,9 @@ def run_chaos(
             "orders": (orders.sent.valid_ids, orders.sent.malformed_ids),
         })
         report.problems += _operator_views(pipelines)
+        report.launches = Counter(run.tags.get(LAUNCHED_BY_TAG, "default") for run in stack.instance.get_runs())
+        if not report.launches["standby"]:
+            report.problems.append("no run was launched in a standby process: the warm run launcher never ran")
     report.elapsed_s = time.monotonic() - started
     if report.ok:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -1,0 +1,134 @@
+"""`WarmRunLauncher` on a real instance and a real code server: after its first launch, a run executes in a standby
+process that had loaded the definitions before the run was launched; a reloaded code location's standby or a
+dead one is never used (the default launch instead); terminating a run in a standby cancels it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import dagster as dg
+import psutil
+import pytest
+from dagster._core.workspace.context import WorkspaceProcessContext
+from dagster._core.workspace.load_target import PythonFileTarget
+
+from onceflow.jobs.run_worker import PID_TAG
+from onceflow.orchestration import standby_run
+from onceflow.orchestration.run_launcher import LAUNCHED_BY_TAG
+from onceflow.orchestration.sensors.runs import run_worker_pid
+from tests import launcher_code
+
+LOCATION = "launcher_code"
+WARM = {"run_launcher": {"module": "onceflow.orchestration.run_launcher", "class": "WarmRunLauncher"}}
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Iterator[WorkspaceProcessContext]:
+    with dg.instance_for_test(overrides=WARM, temp_dir=str(tmp_path)) as instance:
+        target = PythonFileTarget(python_file=launcher_code.__file__, attribute="defs",
+                                  working_directory=str(Path(launcher_code.__file__).parent.parent),
+                                  location_name=LOCATION)
+        with WorkspaceProcessContext(instance, target) as context:
+            yield context
+
+
+def launch(workspace: WorkspaceProcessContext, job_name: str) -> str:
+    """Create and launch a run of `job_name` as the daemon launches a dequeued run."""
+    request = workspace.create_request_context()
+    remote = request.get_code_location(LOCATION).get_repository("__repository__").get_full_job(job_name)
+    run = workspace.instance.create_run_for_job(
+        job_def=launcher_code.defs.resolve_job_def(job_name), remote_job_origin=remote.get_remote_origin(),
+        job_code_origin=remote.get_python_origin())
+    workspace.instance.launch_run(run.run_id, request)
+    return run.run_id
+
+
+def finished(instance: dg.DagsterInstance, run_id: str, timeout_s: float = 120.0) -> dg.DagsterRun:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        run = instance.get_run_by_id(run_id)
+        if run is not None and run.is_finished:
+            return run
+        time.sleep(0.2)
+    raise AssertionError(f"run {run_id} did not finish within {timeout_s} s")
+
+
+def launched(instance: dg.DagsterInstance, run_id: str) -> str:
+    """What the launcher said of how it launched the run."""
+    said = "[WarmRunLauncher] "
+    return next(e.message.removeprefix(said) for e in instance.all_logs(run_id) if e.message.startswith(said))
+
+
+def standbys() -> set[int]:
+    """This process's standby run processes (the launcher is in this process)."""
+    found = set()
+    for child in psutil.Process().children():
+        try:
+            if standby_run.__name__ in " ".join(child.cmdline()):
+                found.add(child.pid)
+        except (psutil.ZombieProcess, psutil.NoSuchProcess):
+            pass  # a standby that ran its run and ended
+    return found
+
+
+def await_standby(timeout_s: float = 60.0) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if len(found := standbys()) == 1:
+            return found.pop()
+        time.sleep(0.2)
+    raise AssertionError(f"expected one standby run process, found {standbys()}")
+
+
+def test_a_run_after_the_first_executes_in_the_standby_that_loaded_its_definitions(workspace):
+    instance = workspace.instance
+    first = finished(instance, launch(workspace, "quick"))
+    assert first.status == dg.DagsterRunStatus.SUCCESS
+    assert LAUNCHED_BY_TAG not in first.tags  # nothing was warm yet: the code server's spawned process ran it
+    assert launched(instance, first.run_id) == ("Launching the default way: no standby process yet (the launcher's "
+                                                "first run of this code location).")
+    standby = await_standby()
+    assert run_worker_pid(instance, first.run_id) != standby
+    second = finished(instance, launch(workspace, "quick"))
+    assert second.status == dg.DagsterRunStatus.SUCCESS
+    assert second.tags[LAUNCHED_BY_TAG] == "standby"
+    assert run_worker_pid(instance, second.run_id) == standby == int(second.tags[PID_TAG])
+    assert launched(instance, second.run_id) == (f"Launching in standby process {standby}, which has loaded the "
+                                                 "definitions.")
+    assert await_standby() != standby  # the next one is ready for the next run
+
+
+def test_a_standby_of_a_reloaded_code_location_or_a_dead_one_is_not_used(workspace):
+    instance = workspace.instance
+    finished(instance, launch(workspace, "quick"))
+    stale = await_standby()
+    workspace.reload_code_location(LOCATION)
+    after_reload = finished(instance, launch(workspace, "quick"))
+    assert after_reload.status == dg.DagsterRunStatus.SUCCESS
+    assert LAUNCHED_BY_TAG not in after_reload.tags
+    assert "the code location was reloaded since the standby process started" in launched(instance, after_reload.run_id)
+    assert not psutil.pid_exists(stale) or psutil.Process(stale).status() == psutil.STATUS_ZOMBIE
+    dead = await_standby()
+    psutil.Process(dead).kill()
+    after_death = finished(instance, launch(workspace, "quick"))
+    assert after_death.status == dg.DagsterRunStatus.SUCCESS
+    assert LAUNCHED_BY_TAG not in after_death.tags
+    assert f"the standby process {dead} ended (exit code -9)" in launched(instance, after_death.run_id)
+    warm = finished(instance, launch(workspace, "quick"))
+    assert warm.tags[LAUNCHED_BY_TAG] == "standby"
+
+
+def test_terminating_a_run_in_a_standby_cancels_it(workspace):
+    instance = workspace.instance
+    finished(instance, launch(workspace, "quick"))
+    standby = await_standby()
+    run_id = launch(workspace, "waits")
+    deadline = time.monotonic() + 60
+    while instance.get_run_by_id(run_id).status != dg.DagsterRunStatus.STARTED and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert instance.get_run_by_id(run_id).tags[LAUNCHED_BY_TAG] == "standby"
+    assert instance.run_launcher.terminate(run_id)
+    assert finished(instance, run_id, timeout_s=60).status == dg.DagsterRunStatus.CANCELED
+    psutil.Process(standby).wait(timeout=30)
