@@ -43,11 +43,13 @@ test: setup
 test-cluster: setup
 	$(BIN)/pytest -m cluster
 
-# The chaos harness's short run (5 overlapping faults, local profile) on each engine path, one after the other: each
-# starts a whole stack of its own. CI runs it after `make test` and `make test-cluster`.
+# The chaos harness's short run (5 overlapping faults, local profile) on each engine path, one after the other, then
+# on Spark Connect with `events` on Kafka: each starts a whole stack of its own. CI runs it after `make test` and
+# `make test-cluster`.
 test-chaos: setup
 	$(BIN)/pytest -m chaos
 	ONCEFLOW_TEST_ENGINE=classic $(BIN)/pytest -m chaos
+	CHAOS_SOURCE=kafka $(BIN)/pytest -m chaos
 
 # CHAOS_ITERATIONS faults (30) under a continuous workload, on each of CHAOS_ENGINES (both engine paths), on the
 # CHAOS_PROFILE deployment profile (local, or cluster-gcs); CHAOS_SEED replays a run.

@@ -50,6 +50,7 @@ def ingest_metadata(result: IngestResult) -> dict[str, Any]:
         "duplicates_already_committed": result.duplicates_committed,
         "replayed_batch_noop": result.replayed,
         "lost_commit_race": result.lost_race,
+        "read_ahead": result.read_ahead,
         "dead_lettered": result.dead_lettered_new,
         "dead_letter_duplicates": result.dead_letter_duplicates,
         "delta_version": result.raw_version,

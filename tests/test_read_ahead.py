@@ -37,12 +37,12 @@ def test_the_next_batch_read_ahead_is_the_one_it_records(spark: SparkSession, ho
     source = open_source(builtin("events"), LakeResource(home=str(home)))
     first = run_micro_batch(lambda: spark, source)
     proposal = source.read_ahead.proposal
-    assert first is not None and proposal is not None
+    assert first is not None and proposal is not None and not first.read_ahead
     assert (proposal.batch_id, [f.path for f in proposal.files]) == (first.batch_id + 1, ["1.jsonl"])
     assert source.checkpoints.get_plan(proposal.batch_id) is None  # nothing is recorded for a read ahead
 
     second = run_micro_batch(lambda: spark, source)
-    assert second is not None and second.inserted == 30 and second.balances()
+    assert second is not None and second.inserted == 30 and second.balances() and second.read_ahead
     assert source.checkpoints.get_plan(second.batch_id) == proposal  # recorded as it was read
 
 
@@ -61,6 +61,7 @@ def test_a_file_changed_after_it_was_read_ahead_is_read_again(
 
     results = drain(lambda: spark, source)
     assert [r.inserted for r in results] == [35, 30] and all(r.balances() for r in results)
+    assert not results[0].read_ahead  # dropped: its plan fingerprints the file's new bytes
     ids = _ids(source)
     assert len(ids) == len(set(ids)) == 95 and {e.event_id for e in later} <= set(ids)
 

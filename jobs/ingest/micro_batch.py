@@ -58,7 +58,7 @@ def run_micro_batch(get_spark: Callable[[], SparkSession], source: SourceRuntime
         register_spark_functions(spark)
         read = ahead or read_batch(spark, source, plan, reader.landed(spark, plan))
         result = ingest_batch(spark, source, plan, read, functools.partial(_read_next, spark, source, checkpoint, plan))
-        result.realigned_from = realigned_from
+        result.realigned_from, result.read_ahead = realigned_from, ahead is not None
         if result.lost_race:
             log.warning(f"{source.app_id} batch {plan.batch_id}: a concurrent attempt committed it first; this "
                         "run wrote nothing and counts that commit's figures")

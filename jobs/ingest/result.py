@@ -13,7 +13,8 @@ class IngestResult:
     For a replayed batch (`replayed`: committed by an earlier or concurrent attempt, nothing written now) the
     counts are those of the commit that did the work, read back from the Delta history: totals stay exact.
     `lost_race` says a concurrent attempt at the same batch committed first; `realigned_from` is the batch the
-    checkpoint wrongly claimed as the last committed one, when the lake was ahead of it.
+    checkpoint wrongly claimed as the last committed one, when the lake was ahead of it; `read_ahead` says the
+    batch's read began while the batch before it committed (`onceflow.jobs.ingest.read_ahead`).
     """
 
     batch_id: int
@@ -27,6 +28,7 @@ class IngestResult:
     replayed: bool = False
     lost_race: bool = False
     realigned_from: int | None = None
+    read_ahead: bool = False
     fast_path: dict[str, int | bool] | None = None
     raw_version: int | None = None
     min_event_time_ms: int | None = None

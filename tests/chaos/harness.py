@@ -36,6 +36,7 @@ from pyspark.errors import PySparkRuntimeError
 from pyspark.sql import SparkSession
 
 from onceflow.jobs.declare.declaration import BigQuerySink
+from onceflow.jobs.ingest_job import raw_asset_key
 from onceflow.jobs.publish.commit_records import DONE
 from onceflow.jobs.publish.commit_store import CommitStore
 from onceflow.jobs.publish.sequence import sequence_id
@@ -67,8 +68,9 @@ SETTINGS = {
     "ONCEFLOW_IDLE_TICK_S": "5",
     "ONCEFLOW_BIGQUERY_DATASET": "onceflow_chaos",
 }
-CLASSIC_SETTINGS = {
-    # Each classic run starts a Spark of its own: a run keeps taking batches for a while, as `make demo`'s do.
+WARM_RUNS = {
+    # A run keeps taking batches for a while, as `make demo`'s do: on the classic path, where each run starts a Spark
+    # of its own, and on Kafka, whose reader's read-ahead (recorded on rules of its own) only a warm run uses.
     "ONCEFLOW_MICRO_BATCH_RUN_S": "30",
 }
 
@@ -87,6 +89,7 @@ class ChaosReport:
     duplicated: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     launches: Counter[str] = field(default_factory=Counter)
+    read_ahead: int = 0
     elapsed_s: float = 0.0
 
     @property
@@ -98,7 +101,8 @@ class ChaosReport:
         return (f"chaos seed {self.seed} on the {self.engine_path} engine path, {self.profile} profile: {sum(self.faults.values())} faults ({kinds}); {self.published} messages "
                 f"published ({self.records} records, {self.malformed} malformed) over 2 pipelines (events on "
                 f"{self.source}); "
-                f"{sum(self.launches.values())} runs ({self.launches['standby']} launched in standby processes); "
+                f"{sum(self.launches.values())} runs ({self.launches['standby']} launched in standby processes), "
+                f"{self.read_ahead} batches read ahead; "
                 f"lost {len(self.lost)}, duplicated {len(self.duplicated)}; {len(self.problems)} other problems; "
                 f"{self.elapsed_s:.0f}s")
 
@@ -109,7 +113,8 @@ def run_chaos(
 ) -> ChaosReport:
     started = time.monotonic()
     # The working directory (instance, lake, logs) is kept for inspection; removed when the run held.
-    settings = SETTINGS | (CLASSIC_SETTINGS if engine_path == "classic" else {}) | {"ONCEFLOW_EVENTS_SOURCE": source}
+    warm = engine_path == "classic" or source == "kafka"
+    settings = SETTINGS | (WARM_RUNS if warm else {}) | {"ONCEFLOW_EVENTS_SOURCE": source}
     with local_stack(settings, "onceflow-chaos-", keep=True, say=_say, engine_path=engine_path,
                      kafka=source == "kafka", **PROFILES[profile]) as stack:
         workdir = stack.workdir
@@ -146,6 +151,7 @@ def run_chaos(
         })
         report.problems += _operator_views(pipelines)
         report.launches = Counter(run.tags.get(LAUNCHED_BY_TAG, "default") for run in stack.instance.get_runs())
+        report.read_ahead = sum(_batches_read_ahead(stack.instance, pipeline) for pipeline in pipelines)
         if not report.launches["standby"]:
             report.problems.append("no run was launched in a standby process: the warm run launcher never ran")
     report.elapsed_s = time.monotonic() - started
@@ -154,6 +160,13 @@ def run_chaos(
     else:
         report.problems.append(f"kept for inspection: {workdir}")
     return report
+
+
+def _batches_read_ahead(instance: dg.DagsterInstance, pipeline) -> int:
+    """How many of the pipeline's committed batches were read while the batch before them committed."""
+    found = instance.fetch_materializations(raw_asset_key(pipeline), limit=10_000).records  # Dagster fetches at most that
+    return sum(1 for r in found if r.asset_materialization and r.asset_materialization.metadata.get("read_ahead")
+               and r.asset_materialization.metadata["read_ahead"].value)
 
 
 def _settle(stack: LocalStack, pipelines: list, threads: tuple, timeout_s: float) -> None:
