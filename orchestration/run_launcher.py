@@ -27,7 +27,7 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO
 
 import dagster as dg
 import psutil
@@ -104,10 +104,6 @@ class WarmRunLauncher(dg.DefaultRunLauncher):
         super().__init__(inst_data=inst_data)
         self._lock = threading.Lock()
         self._standbys: dict[str, Standby] = {}
-
-    @classmethod
-    def from_config_value(cls, inst_data: ConfigurableClassData, config_value: Any) -> WarmRunLauncher:
-        return cls(inst_data=inst_data)
 
     def launch_run(self, context: LaunchRunContext) -> None:
         run = context.dagster_run
