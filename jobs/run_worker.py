@@ -20,11 +20,11 @@ HOST_TAG, PID_TAG, PID_STARTED_TAG = "onceflow/host", "onceflow/pid", "onceflow/
 RUN_TAG = "onceflow/worker_of"
 
 
-def worker_tags(run_id: str, pid: int) -> dict[str, str]:
-    """The tags that say process `pid` of this host executes run `run_id` (with the pid's start time: pids are
-    reused)."""
-    return {HOST_TAG: socket.gethostname(), PID_TAG: str(pid),
-            PID_STARTED_TAG: f"{psutil.Process(pid).create_time():.3f}", RUN_TAG: run_id}
+def worker_tags(run_id: str, pid: int, started: float | None = None) -> dict[str, str]:
+    """The tags that say process `pid` of this host, started at `started` (its start time, looked up if not given:
+    pids are reused), executes run `run_id`."""
+    started = psutil.Process(pid).create_time() if started is None else started
+    return {HOST_TAG: socket.gethostname(), PID_TAG: str(pid), PID_STARTED_TAG: f"{started:.3f}", RUN_TAG: run_id}
 
 
 def record_worker(context: dg.OpExecutionContext | dg.AssetExecutionContext) -> None:

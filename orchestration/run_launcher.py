@@ -1,22 +1,23 @@
-"""`WarmRunLauncher`: Dagster's default run launcher, with a process kept warm for the next run.
+"""`WarmRunLauncher`: Dagster's default run launcher, with a process kept warm for the runs to come.
 
 Dagster's default launcher asks the code location's server to start a run; the server spawns a fresh Python
-process, which imports Dagster and the definitions before the run's first step: 2-4 s of a micro-batch run's first
-batch on 2 cores. This launcher keeps one standby process per code location (`standby_run`) that has done that
-already, hands it the next run of that location, and starts the next standby at once. The run then executes in the
-standby exactly as `dagster api execute_run` executes it; nothing of the exactly-once path changes.
+process, which imports Dagster and onceflow (3 s of CPU on this 2-core machine) before it loads the definitions
+and runs the first step. This launcher keeps one standby process per code location (`standby_run`) that has done
+those imports once, and has it fork a process for each run of that location. The forked process loads the
+definitions and executes the run exactly as `dagster api execute_run` does: the run starts within a second of its
+dequeue, no other process imports beside it while its first batch works, and nothing of the exactly-once path
+changes.
 
-- A standby runs the code on disk at launch, as a spawned process does: if a Python module it loaded has changed
-  since, it stands down and the run launches the default way. (A non-Python file read while loading, such as a
-  `dg` project's `defs.yaml`, is not watched: every launch starts a fresh standby, so at most the first run after
-  such a change runs the definitions from before it.)
+- A run runs the code on disk at launch, as a spawned process does. Its process loads the definitions afresh, and
+  if a module the standby imported has changed on disk since, the standby stands down, the run launches the
+  default way, and a new standby imports the new code.
 - The first run of a code location after the launching process (the daemon) starts launches the default way: a
-  standby is started once the launcher knows which definitions to load, at its first launch.
-- A run handed to a standby is tagged with its process (`run_worker.worker_tags`): if the standby dies before the
-  run reports, `dead_run_sensor` reports the run failed. `terminate` interrupts that process (SIGINT: Dagster
-  cancels the run, as when the code server's termination event fires).
-- Anything unexpected (a standby that died, or is not ready within `READY_WAIT_S`) falls back to the default launch,
-  and the run's log says why.
+  standby is started once the launcher knows the location's Python and working directory, at its first launch.
+- A forked run is tagged with its process (`run_worker.worker_tags`): if it dies before the run reports,
+  `dead_run_sensor` reports the run failed. `terminate` interrupts that process (SIGINT: Dagster cancels the run,
+  as when the code server's termination event fires).
+- Anything unexpected (a standby that died, or that is not ready within `READY_WAIT_S`) falls back to the default
+  launch, and the run's log says why.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import IO
 import dagster as dg
 import psutil
 from dagster._core.errors import DagsterLaunchFailedError
+from dagster._core.instance.ref import InstanceRef
 from dagster._core.launcher import LaunchRunContext
 from dagster._core.origin import RepositoryPythonOrigin
 from dagster._grpc.types import ExecuteRunArgs
@@ -42,7 +44,7 @@ from onceflow.orchestration import standby_run
 
 LAUNCHED_BY_TAG = "onceflow/launched_by"
 READY_WAIT_S = 10.0
-"""How long a launch waits for a standby still loading the definitions (a fresh spawn takes as long)."""
+"""How long a launch waits for a standby still importing (a fresh spawn takes as long)."""
 STARTED_WAIT_S = 30.0
 
 
@@ -55,40 +57,47 @@ class Standby:
     ready: bool = False
 
     @classmethod
-    def start(cls, origin: RepositoryPythonOrigin) -> Standby:
+    def start(cls, origin: RepositoryPythonOrigin, instance_ref: InstanceRef) -> Standby:
         working_directory = getattr(origin.code_pointer, "working_directory", None)
         process = subprocess.Popen(
-            [origin.executable_path or sys.executable, "-m", standby_run.__name__, serialize_value(origin)],
+            [origin.executable_path or sys.executable, "-m", standby_run.__name__, serialize_value(instance_ref)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=working_directory or None,
         )
         return cls(origin, process)
 
     def await_ready(self, timeout_s: float) -> bool:
-        """Whether the standby has loaded the definitions (waiting up to `timeout_s` for it)."""
+        """Whether the standby has imported what runs import (waiting up to `timeout_s` for it)."""
         if not self.ready and self.process.poll() is None:
             self.ready = _reply(self.process.stdout, timeout_s) == standby_run.READY
         return self.ready and self.process.poll() is None
 
-    def hand(self, args: ExecuteRunArgs) -> bool:
-        """Give the standby its run: whether it started it (False: its code is stale, it ended). Raises
-        `DagsterLaunchFailedError` if it says neither."""
+    def fork(self, args: ExecuteRunArgs) -> tuple[int, float] | None:
+        """Have the standby fork a process that executes `args`' run: that process's pid and start time, or None if
+        the standby's code is stale (it ended). Raises `DagsterLaunchFailedError` if it says neither."""
         try:
             self.process.stdin.write(serialize_value(args) + "\n")  # type: ignore[union-attr]  # stdin=PIPE
-            self.process.stdin.close()  # type: ignore[union-attr]
+            self.process.stdin.flush()  # type: ignore[union-attr]
         except OSError as error:
-            raise DagsterLaunchFailedError(f"the standby run process {self.process.pid} is gone: {error}") from error
-        reply = _reply(self.process.stdout, STARTED_WAIT_S)
-        self.process.stdout.close()  # type: ignore[union-attr]  # it says nothing more
-        if reply not in (standby_run.STARTED, standby_run.STALE):
             self.stop()
-            raise DagsterLaunchFailedError(f"the standby run process {self.process.pid} did not start run "
-                                           f"{args.run_id} within {STARTED_WAIT_S:.0f} s")
-        return reply == standby_run.STARTED
+            raise DagsterLaunchFailedError(f"the standby run process {self.process.pid} is gone: {error}") from error
+        reply = (_reply(self.process.stdout, STARTED_WAIT_S) or "").split()
+        if reply == [standby_run.STALE]:
+            self.stop()
+            return None
+        if len(reply) == 3 and reply[0] == standby_run.STARTED:
+            return int(reply[1]), float(reply[2])
+        self.stop()
+        raise DagsterLaunchFailedError(f"the standby run process {self.process.pid} did not start run {args.run_id} "
+                                       f"within {STARTED_WAIT_S:.0f} s")
 
     def stop(self) -> None:
+        """End the standby (the runs it forked run on)."""
         if self.process.poll() is None:
             self.process.kill()
         self.process.wait()
+        for pipe in (self.process.stdin, self.process.stdout):
+            if pipe is not None:
+                pipe.close()
 
 
 def _reply(stream: IO[str] | None, timeout_s: float) -> str | None:
@@ -98,7 +107,7 @@ def _reply(stream: IO[str] | None, timeout_s: float) -> str | None:
 
 
 class WarmRunLauncher(dg.DefaultRunLauncher):
-    """Launches runs in a process that has loaded their definitions already (see the module docstring)."""
+    """Launches runs in processes forked from one that has imported what they import (see the module docstring)."""
 
     def __init__(self, inst_data: ConfigurableClassData | None = None):
         super().__init__(inst_data=inst_data)
@@ -113,44 +122,49 @@ class WarmRunLauncher(dg.DefaultRunLauncher):
         origin = run.job_code_origin.repository_origin
         location = run.remote_job_origin.repository_origin.code_location_origin.location_name
         with self._lock:
-            standby, why_not = self._take(location, origin)
+            standby, why_not = self._standby(location, origin)
             try:
                 if standby is not None:
-                    why_not = self._hand(run, standby)
+                    why_not = self._fork(run, standby)
                 if why_not:
                     self._instance.report_engine_event(f"Launching the default way: {why_not}.", run,
                                                        cls=self.__class__)
                     super().launch_run(context)
             finally:
-                self._standbys[location] = Standby.start(origin)
+                if standby is not None and standby.process.returncode is not None:
+                    del self._standbys[location]  # it ended: stale, or failed to fork
+                if location not in self._standbys:
+                    self._standbys[location] = Standby.start(origin, self._instance.get_ref())
 
-    def _hand(self, run: dg.DagsterRun, standby: Standby) -> str:
-        """Hand `run` to `standby`; why not, if it did not take it."""
+    def _fork(self, run: dg.DagsterRun, standby: Standby) -> str:
+        """Have `standby` fork `run`'s process; why not, if it did not."""
         args = ExecuteRunArgs(job_origin=run.job_code_origin, run_id=run.run_id, instance_ref=self._instance.get_ref())
-        pid = standby.process.pid
-        if not standby.hand(args):
-            standby.stop()
-            return f"a module the standby process {pid} loaded has changed on disk since"
-        self._instance.add_run_tags(run.run_id, {**worker_tags(run.run_id, pid), LAUNCHED_BY_TAG: "standby"})
-        self._instance.report_engine_event(f"Launched in standby process {pid}, which had loaded the definitions.",
-                                           run, cls=self.__class__)
-        threading.Thread(target=standby.process.wait, daemon=True).start()  # reaped when it ends
+        forked = standby.fork(args)
+        if forked is None:
+            return f"a module the standby process {standby.process.pid} imported has changed on disk since"
+        pid, started = forked
+        self._instance.add_run_tags(run.run_id, {**worker_tags(run.run_id, pid, started), LAUNCHED_BY_TAG: "standby"})
+        self._instance.report_engine_event(
+            f"Launched in process {pid}, forked from standby process {standby.process.pid}, which had imported "
+            "what runs import.", run, cls=self.__class__)
         self._run_ids.add(run.run_id)
         return ""
 
-    def _take(self, location: str, origin: RepositoryPythonOrigin) -> tuple[Standby | None, str]:
-        """The standby for this launch, or None and why not."""
-        standby = self._standbys.pop(location, None)
+    def _standby(self, location: str, origin: RepositoryPythonOrigin) -> tuple[Standby | None, str]:
+        """The standby for this launch, or None and why not (a standby that cannot serve it is stopped)."""
+        standby = self._standbys.get(location)
         if standby is None:
             return None, "no standby process yet (the launcher's first run of this code location)"
+        pid = standby.process.pid
         if standby.origin != origin:
             why_not = "the code location's origin changed since the standby process started"
-        elif not standby.await_ready(READY_WAIT_S):
-            why_not = (f"the standby process {standby.process.pid} ended (exit code {standby.process.returncode})"
-                       if standby.process.poll() is not None else
-                       f"the standby process {standby.process.pid} did not load the definitions within {READY_WAIT_S} s")
-        else:
+        elif standby.await_ready(READY_WAIT_S):
             return standby, ""
+        elif standby.process.poll() is not None:
+            why_not = f"the standby process {pid} ended (exit code {standby.process.returncode})"
+        else:
+            why_not = f"the standby process {pid} did not import within {READY_WAIT_S} s"
+        del self._standbys[location]
         standby.stop()
         return None, why_not
 

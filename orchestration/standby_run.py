@@ -1,21 +1,38 @@
-"""A standby run process: a Python process that has loaded a code location's definitions and waits to execute one
-run, so that a launched run does not spend seconds importing before its first step (see `run_launcher`).
+"""A standby run process: a Python process that has imported Dagster's run execution and onceflow, and forks a
+process for each run it is handed, so that a launched run neither imports for seconds before its first step nor has
+another process import beside it while it works (see `run_launcher`).
 
-`python -m onceflow.orchestration.standby_run <repository origin>` loads the definitions the serialized
-`RepositoryPythonOrigin` points at, says `ready` on its stdout, then reads one serialized `ExecuteRunArgs` line from
-stdin. If a Python module it loaded has changed on disk since, it says `stale` and ends: the run must run the code
-on disk, as a freshly spawned process would. Otherwise it says `started` and executes that run exactly as `dagster
-api execute_run` does (the same function, with Dagster's interrupt handling: SIGINT cancels the run). End of input
-without a line (its launcher is gone) ends it. Once started, its stdout is its stderr: nothing reads the pipe any
-more, and a run that prints must not block on it.
+`python -m onceflow.orchestration.standby_run <instance ref>` imports `PRELOADED` (importing, not loading,
+onceflow's definitions: they are built on load) and the modules of the serialized `InstanceRef`'s storage, launcher
+and other configured classes (a run builds its instance from that ref), and says `ready` on its stdout. Then, for each serialized `ExecuteRunArgs` line on its stdin:
+
+- if a Python module it imported has changed on disk since, it says `stale` and ends: a run must run the code on
+  disk, as a freshly spawned process would;
+- otherwise it forks. The child says `started <pid> <start time>` and executes that run exactly as `dagster api
+  execute_run` does (the same function, with Dagster's interrupt handling: SIGINT cancels the run), then exits.
+
+The child loads the code location's definitions itself, as a spawned process does: a definitions module is imported
+afresh for every run, so it is always the code on disk, and what loading it starts (a client's thread, delta-rs's
+runtime, a Spark session) belongs to the run's process; nothing that runs threads is ever forked. Only the imports
+are shared, and they are most of a spawned run's start-up.
+
+End of input (its launcher is gone) ends it; its children run on. Its stdout is its stderr except for those replies,
+so a run that prints never blocks on a pipe nobody reads.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
+from importlib import import_module
+from typing import IO
+
+import psutil
 
 READY, STARTED, STALE = "ready", "started", "stale"
+PRELOADED = ("dagster._cli.api", "onceflow.orchestration.definitions", "pyspark.sql.connect.session")
+"""Dagster's run execution, everything onceflow's definitions import, and the Spark Connect client a run opens."""
 
 
 def module_files() -> dict[str, int]:
@@ -42,26 +59,51 @@ def changed(files: dict[str, int]) -> bool:
     return False
 
 
-def main(serialized_origin: str) -> None:
-    from dagster._cli.api import execute_run_command
-    from dagster._core.origin import RepositoryPythonOrigin
-    from dagster._serdes import deserialize_value
-    from dagster._utils.hosted_user_process import recon_repository_from_origin
+def serve(replies: IO[str], loaded: dict[str, int]) -> str | None:
+    """Fork a child per run handed on stdin (see the module docstring) while none of the `loaded` module files has
+    changed. Returns that run's serialized `ExecuteRunArgs` in the child, None in this process when it ends."""
+    # Children are reaped by the kernel: this process never waits for them, and it has no thread to do it with.
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    while serialized_args := sys.stdin.readline().strip():
+        if changed(loaded):
+            print(STALE, file=replies, flush=True)
+            return None
+        if os.fork() == 0:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the run waits for its own children (a Spark JVM)
+            devnull = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(devnull, sys.stdin.fileno())
+            os.close(devnull)
+            me = psutil.Process()
+            print(f"{STARTED} {me.pid} {me.create_time():.3f}", file=replies, flush=True)
+            replies.close()
+            return serialized_args
+    return None
 
+
+def preload(serialized_instance_ref: str) -> None:
+    """Import what a run imports before its definitions load (see the module docstring)."""
+    from dagster._core.instance.ref import InstanceRef
+    from dagster._serdes import ConfigurableClassData, deserialize_value
+
+    for module in PRELOADED:
+        import_module(module)
+    ref = deserialize_value(serialized_instance_ref, InstanceRef)
+    for configured in ref._asdict().values():
+        if isinstance(configured, ConfigurableClassData):
+            import_module(configured.module_name)
+
+
+def main(serialized_instance_ref: str) -> None:
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    recon_repository_from_origin(deserialize_value(serialized_origin, RepositoryPythonOrigin)).get_definition()
+    preload(serialized_instance_ref)
     loaded = module_files()
     print(READY, file=replies, flush=True)
-    serialized_args = sys.stdin.readline().strip()
-    if not serialized_args:
-        return
-    if changed(loaded):
-        print(STALE, file=replies, flush=True)
-        return
-    print(STARTED, file=replies, flush=True)
-    replies.close()
-    execute_run_command.callback(input_json=serialized_args, compressed_input_json=None)
+    serialized_args = serve(replies, loaded)
+    if serialized_args:
+        from dagster._cli.api import execute_run_command
+
+        execute_run_command.callback(input_json=serialized_args, compressed_input_json=None)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,14 @@
-"""`WarmRunLauncher` on a real instance and a real code server: after its first launch, a run executes in a standby
-process that had loaded the definitions before the run was launched; a standby whose code changed on disk since,
-or a dead one, is never used (the default launch instead); terminating a run in a standby cancels it."""
+"""`WarmRunLauncher` on a real instance and a real code server: after its first launch, a run executes in a process
+forked from a standby process that had imported what runs import before the run was launched, and the same
+standby forks the runs after it; the forked run loads the definitions itself; a standby whose code changed on disk
+since, or a dead one, is never used (the default launch instead); terminating a forked run cancels it."""
 
 from __future__ import annotations
 
 import os
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import dagster as dg
@@ -19,28 +21,40 @@ from onceflow.jobs.run_worker import PID_TAG
 from onceflow.orchestration import standby_run
 from onceflow.orchestration.run_launcher import LAUNCHED_BY_TAG
 from onceflow.orchestration.sensors.runs import run_worker_pid
-from tests import launcher_code
+from tests import launcher_code, launcher_threads_code
 
 LOCATION = "launcher_code"
 WARM = {"run_launcher": {"module": "onceflow.orchestration.run_launcher", "class": "WarmRunLauncher"}}
 
 
-@pytest.fixture
-def workspace(tmp_path: Path) -> Iterator[WorkspaceProcessContext]:
+@dataclass
+class Workspace:
+    """A code location's definitions, served by a real code server to a real instance with the warm launcher."""
+
+    context: WorkspaceProcessContext
+    defs: dg.Definitions
+
+    @property
+    def instance(self) -> dg.DagsterInstance:
+        return self.context.instance
+
+
+@pytest.fixture(params=[launcher_code])
+def workspace(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Workspace]:
     with dg.instance_for_test(overrides=WARM, temp_dir=str(tmp_path)) as instance:
-        target = PythonFileTarget(python_file=launcher_code.__file__, attribute="defs",
+        target = PythonFileTarget(python_file=request.param.__file__, attribute="defs",
                                   working_directory=str(Path(launcher_code.__file__).parent.parent),
                                   location_name=LOCATION)
         with WorkspaceProcessContext(instance, target) as context:
-            yield context
+            yield Workspace(context, request.param.defs)
 
 
-def launch(workspace: WorkspaceProcessContext, job_name: str) -> str:
+def launch(workspace: Workspace, job_name: str) -> str:
     """Create and launch a run of `job_name` as the daemon launches a dequeued run."""
-    request = workspace.create_request_context()
+    request = workspace.context.create_request_context()
     remote = request.get_code_location(LOCATION).get_repository("__repository__").get_full_job(job_name)
     run = workspace.instance.create_run_for_job(
-        job_def=launcher_code.defs.resolve_job_def(job_name), remote_job_origin=remote.get_remote_origin(),
+        job_def=workspace.defs.resolve_job_def(job_name), remote_job_origin=remote.get_remote_origin(),
         job_code_origin=remote.get_python_origin())
     workspace.instance.launch_run(run.run_id, request)
     return run.run_id
@@ -83,7 +97,7 @@ def await_standby(timeout_s: float = 60.0) -> int:
     raise AssertionError(f"expected one standby run process, found {standbys()}")
 
 
-def test_a_run_after_the_first_executes_in_the_standby_that_loaded_its_definitions(workspace):
+def test_runs_after_the_first_execute_in_processes_forked_from_one_standby(workspace):
     instance = workspace.instance
     first = finished(instance, launch(workspace, "quick"))
     assert first.status == dg.DagsterRunStatus.SUCCESS
@@ -91,27 +105,37 @@ def test_a_run_after_the_first_executes_in_the_standby_that_loaded_its_definitio
     assert launched(instance, first.run_id) == ("Launching the default way: no standby process yet (the launcher's "
                                                 "first run of this code location).")
     standby = await_standby()
-    assert run_worker_pid(instance, first.run_id) != standby
-    second = finished(instance, launch(workspace, "quick"))
-    assert second.status == dg.DagsterRunStatus.SUCCESS
-    assert second.tags[LAUNCHED_BY_TAG] == "standby"
-    assert run_worker_pid(instance, second.run_id) == standby == int(second.tags[PID_TAG])
-    assert launched(instance, second.run_id) == (f"Launched in standby process {standby}, which had loaded the "
-                                                 "definitions.")
-    assert await_standby() != standby  # the next one is ready for the next run
+    forked = set()
+    for _ in range(2):
+        run = finished(instance, launch(workspace, "quick"))
+        assert run.status == dg.DagsterRunStatus.SUCCESS
+        assert run.tags[LAUNCHED_BY_TAG] == "standby"
+        pid = run_worker_pid(instance, run.run_id)
+        assert pid == int(run.tags[PID_TAG]) not in (standby, run_worker_pid(instance, first.run_id))
+        assert launched(instance, run.run_id) == (f"Launched in process {pid}, forked from standby process {standby}, "
+                                                  "which had imported what runs import.")
+        forked.add(pid)
+    assert len(forked) == 2  # a process per run
+    assert await_standby() == standby  # one standby serves them all: nothing imports again per run
 
 
 def test_a_standby_whose_code_changed_on_disk_or_that_died_is_not_used(workspace):
     instance = workspace.instance
     finished(instance, launch(workspace, "quick"))
     stale = await_standby()
-    os.utime(launcher_code.__file__)  # the job's module changed on disk since the standby loaded it
-    after_change = finished(instance, launch(workspace, "quick"))
+    assert instance.run_launcher._standbys[LOCATION].await_ready(60)  # it has imported and noted the files' times
+    imported = Path(standby_run.__file__)  # a module every standby imports
+    times = imported.stat()
+    os.utime(imported)  # changed on disk since the standby imported it
+    try:
+        after_change = finished(instance, launch(workspace, "quick"))
+    finally:
+        os.utime(imported, ns=(times.st_atime_ns, times.st_mtime_ns))
     assert after_change.status == dg.DagsterRunStatus.SUCCESS
     assert LAUNCHED_BY_TAG not in after_change.tags
     assert launched(instance, after_change.run_id) == (
-        f"Launching the default way: a module the standby process {stale} loaded has changed on disk since.")
-    assert stale not in standbys()
+        f"Launching the default way: a module the standby process {stale} imported has changed on disk since.")
+    assert not psutil.pid_exists(stale)
     dead = await_standby()
     psutil.Process(dead).kill()
     after_death = finished(instance, launch(workspace, "quick"))
@@ -130,7 +154,22 @@ def test_terminating_a_run_in_a_standby_cancels_it(workspace):
     deadline = time.monotonic() + 60
     while instance.get_run_by_id(run_id).status != dg.DagsterRunStatus.STARTED and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert instance.get_run_by_id(run_id).tags[LAUNCHED_BY_TAG] == "standby"
+    run = instance.get_run_by_id(run_id)
+    assert run.tags[LAUNCHED_BY_TAG] == "standby"
+    forked = psutil.Process(int(run.tags[PID_TAG]))
+    assert forked.ppid() == standby
     assert instance.run_launcher.terminate(run_id)
     assert finished(instance, run_id, timeout_s=60).status == dg.DagsterRunStatus.CANCELED
-    psutil.Process(standby).wait(timeout=30)
+    forked.wait(timeout=30)
+    assert await_standby() == standby  # the standby serves on
+
+
+@pytest.mark.parametrize("workspace", [launcher_threads_code], indirect=True)
+def test_a_forked_run_loads_the_definitions_in_its_own_process(workspace):
+    """What loading the definitions starts (here a thread) exists in the run's process: it is not forked."""
+    instance = workspace.instance
+    finished(instance, launch(workspace, "quick"))
+    await_standby()
+    run = finished(instance, launch(workspace, "quick"))
+    assert run.tags[LAUNCHED_BY_TAG] == "standby"
+    assert run.status == dg.DagsterRunStatus.SUCCESS
