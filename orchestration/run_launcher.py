@@ -58,9 +58,12 @@ class Standby:
 
     @classmethod
     def start(cls, origin: RepositoryPythonOrigin, instance_ref: InstanceRef) -> Standby:
+        """Start a standby for `origin`'s runs on the instance `instance_ref` describes. It is given the modules of
+        the instance's configured classes (storage, launcher, ...), never their config: that may hold secrets."""
         working_directory = getattr(origin.code_pointer, "working_directory", None)
+        modules = sorted({c.module_name for c in instance_ref._asdict().values() if isinstance(c, ConfigurableClassData)})
         process = subprocess.Popen(
-            [origin.executable_path or sys.executable, "-m", standby_run.__name__, serialize_value(instance_ref)],
+            [origin.executable_path or sys.executable, "-m", standby_run.__name__, *modules],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=working_directory or None,
         )
         return cls(origin, process)

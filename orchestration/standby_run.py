@@ -2,9 +2,9 @@
 process for each run it is handed, so that a launched run neither imports for seconds before its first step nor has
 another process import beside it while it works (see `run_launcher`).
 
-`python -m onceflow.orchestration.standby_run <instance ref>` imports `PRELOADED` (importing, not loading,
-onceflow's definitions: they are built on load) and the modules of the serialized `InstanceRef`'s storage, launcher
-and other configured classes (a run builds its instance from that ref), and says `ready` on its stdout. Then, for each serialized `ExecuteRunArgs` line on its stdin:
+`python -m onceflow.orchestration.standby_run <module>...` imports `PRELOADED` (importing, not loading, onceflow's
+definitions: they are built on load) and the modules given (the launcher names those of its instance's storage and
+other configured classes: a run builds its instance from them), and says `ready` on its stdout. Then, for each serialized `ExecuteRunArgs` line on its stdin:
 
 - if a Python module it imported has changed on disk since, it says `stale` and ends: a run must run the code on
   disk, as a freshly spawned process would;
@@ -80,23 +80,16 @@ def serve(replies: IO[str], loaded: dict[str, int]) -> str | None:
     return None
 
 
-def preload(serialized_instance_ref: str) -> None:
-    """Import what a run imports before its definitions load (see the module docstring)."""
-    from dagster._core.instance.ref import InstanceRef
-    from dagster._serdes import ConfigurableClassData, deserialize_value
-
-    for module in PRELOADED:
+def preload(modules: list[str]) -> None:
+    """Import what a run imports before its definitions load: `PRELOADED` and `modules`."""
+    for module in (*PRELOADED, *modules):
         import_module(module)
-    ref = deserialize_value(serialized_instance_ref, InstanceRef)
-    for configured in ref._asdict().values():
-        if isinstance(configured, ConfigurableClassData):
-            import_module(configured.module_name)
 
 
-def main(serialized_instance_ref: str) -> None:
+def main(modules: list[str]) -> None:
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    preload(serialized_instance_ref)
+    preload(modules)
     loaded = module_files()
     print(READY, file=replies, flush=True)
     serialized_args = serve(replies, loaded)
@@ -107,4 +100,4 @@ def main(serialized_instance_ref: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1:])
