@@ -4,7 +4,8 @@ another process import beside it while it works (see `run_launcher`).
 
 `python -m onceflow.orchestration.standby_run <module>...` imports `PRELOADED` (importing, not loading, onceflow's
 definitions: they are built on load) and the modules given (the launcher names those of its instance's storage and
-other configured classes: a run builds its instance from them), and says `ready` on its stdout. Then, for each serialized `ExecuteRunArgs` line on its stdin:
+other configured classes: a run builds its instance from them), and says `ready` on its stdout. Then, for each
+serialized `ExecuteRunArgs` line on its stdin:
 
 - if a Python module it imported has changed on disk since, it says `stale` and ends: a run must run the code on
   disk, as a freshly spawned process would;
@@ -13,8 +14,9 @@ other configured classes: a run builds its instance from them), and says `ready`
 
 The child loads the code location's definitions itself, as a spawned process does: a definitions module is imported
 afresh for every run, so it is always the code on disk, and what loading it starts (a client's thread, delta-rs's
-runtime, a Spark session) belongs to the run's process; nothing that runs threads is ever forked. Only the imports
-are shared, and they are most of a spawned run's start-up.
+runtime, a Spark session) belongs to the run's process and is never forked. Only the imports are shared, and they
+are most of a spawned run's start-up. (The only threads they start are native allocators' and Arrow's, which
+handle a fork themselves; this process starts no Python thread.)
 
 End of input (its launcher is gone) ends it; its children run on. Its stdout is its stderr except for those replies,
 so a run that prints never blocks on a pipe nobody reads.
