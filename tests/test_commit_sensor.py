@@ -175,8 +175,10 @@ def move_aside(home: Path, step: FileFinalize) -> tuple[Path, Path]:
     return aside, temp
 
 
+# Killed after each kind of step (a file shard, the BigQuery load, the watermark): what the sensor drives is the same
+# for a second shard as for the first, and `test_commit_steps` crashes after every step.
 @pytest.mark.slow
-@pytest.mark.parametrize("k", range(1, STEP_COUNT + 1))
+@pytest.mark.parametrize("k", [1, 3, STEP_COUNT])
 def test_a_run_killed_after_step_k_is_recovered_by_the_sensor(
     k: int, home: Path, target: BigQueryTarget, bigquery_client: bigquery.Client, instance: dg.DagsterInstance
 ) -> None:

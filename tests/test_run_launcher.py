@@ -21,10 +21,10 @@ from onceflow.jobs.run_worker import PID_TAG
 from onceflow.orchestration import standby_run
 from onceflow.orchestration.run_launcher import LAUNCHED_BY_TAG
 from onceflow.orchestration.sensors.runs import run_worker_pid
-from tests import launcher_code, launcher_threads_code
+from tests import launcher_code, launcher_instance, launcher_threads_code
 
 LOCATION = "launcher_code"
-WARM = {"run_launcher": {"module": "onceflow.orchestration.run_launcher", "class": "WarmRunLauncher"}}
+WARM = {"run_launcher": {"module": launcher_instance.__name__, "class": launcher_instance.TestsWarmRunLauncher.__name__}}
 
 
 @dataclass
@@ -72,7 +72,7 @@ def finished(instance: dg.DagsterInstance, run_id: str, timeout_s: float = 120.0
 
 def launched(instance: dg.DagsterInstance, run_id: str) -> str:
     """What the launcher said of how it launched the run."""
-    said = "[WarmRunLauncher] "
+    said = f"[{launcher_instance.TestsWarmRunLauncher.__name__}] "
     return next(e.message.removeprefix(said) for e in instance.all_logs(run_id) if e.message.startswith(said))
 
 
@@ -124,7 +124,7 @@ def test_a_standby_whose_code_changed_on_disk_or_that_died_is_not_used(workspace
     finished(instance, launch(workspace, "quick"))
     stale = await_standby()
     assert instance.run_launcher._standbys[LOCATION].await_ready(60)  # it has imported and noted the files' times
-    imported = Path(standby_run.__file__)  # a module every standby imports
+    imported = Path(launcher_instance.__file__)  # a module this instance's standby imports, and only it
     times = imported.stat()
     os.utime(imported)  # changed on disk since the standby imported it
     try:
