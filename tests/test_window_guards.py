@@ -1,5 +1,6 @@
 """A window never mixes panes: a stale pane changes nothing in a window that holds a newer one, whatever its
-transform keeps or drops; and a window whose pinned input expired fails alone, the others of its run go on."""
+transform keeps or drops, and the check for a pane merged while a newer one committed runs whenever another commit
+came between; a window whose pinned input expired fails alone, the others of its run go on."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pyspark.sql import Window as SparkWindow
 from pyspark.sql import functions as F
 
 from onceflow.jobs.sources.reader import open_source
+from onceflow.jobs.windows import merge
 from onceflow.jobs.windows.panes import CloseStore, Window
 from onceflow.jobs.windows.transform import materialize_windows
 from onceflow.orchestration.workload import Event
@@ -65,3 +67,40 @@ def test_a_stale_pane_changes_nothing_in_a_window_holding_a_newer_one(
                         source.raw_path, windows_path)
 
     assert read_rows(windows_path, ["window_start", "key", "count", "pane", "timing", "raw_version"]) == newer
+
+
+@pytest.mark.engine_paths
+def test_the_pane_check_after_a_window_merge_runs_only_when_another_commit_came_between(
+    spark: SparkSession, tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = minute_base()
+    pipeline = file_pipeline(tmp_path / "in")
+    output = pipeline.outputs[0]
+    lake = LakeResource(home=str(home))
+    source = open_source(pipeline, lake)
+    windows_path = lake.table_path(output.table)
+    window = Window(base, base + 60_000)
+    closes = CloseStore(lake.panes(), output.asset)
+    write_events(tmp_path / "in" / "1.jsonl", [Event(f"a{i}", base + i * 1000, f"k{i % 2}", 1) for i in range(5)])
+    drain(lambda: spark, source)
+    checked: list[str] = []
+    check = merge._drop_older_panes
+    monkeypatch.setattr(merge, "_drop_older_panes", lambda *args: checked.append(args[1]) or check(*args))
+
+    def materialize() -> list[tuple]:
+        materialize_windows(spark, pipeline, output, [window], None, closes, source.raw_path, windows_path)
+        return read_rows(windows_path, ["key", "count", "pane"])
+
+    assert materialize() == [("k0", 3, 0), ("k1", 2, 0)]
+    assert checked == []  # the MERGE committed right after the version it began on: nothing came between
+
+    read_version = merge.latest_version
+
+    def then_another_commit(path: str) -> int:
+        version = read_version(path)
+        spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('another.writer' = '{version}')")
+        return version
+
+    monkeypatch.setattr(merge, "latest_version", then_another_commit)
+    assert materialize() == [("k0", 3, 0), ("k1", 2, 0)]
+    assert checked == [windows_path]

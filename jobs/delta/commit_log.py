@@ -76,14 +76,17 @@ def committed_metadata(
 def own_commit_version(path: str, metadata: dict[str, Any], after: int) -> int:
     """The version of the commit that carried `metadata` when it is the one right after version `after`, else
     `after`: the newest version up to which this writer knows every commit."""
+    return after + 1 if committed_next(path, after, ("onceflow_source", "onceflow_batch"), metadata) else after
+
+
+def committed_next(path: str, after: int, keys: tuple[str, ...], metadata: dict[str, Any]) -> bool:
+    """Whether the table's latest commit is version `after + 1` and carried `metadata`'s values of `keys`: then no
+    other writer committed since version `after`."""
     table = table_snapshot(path)
     if table.version() != after + 1:
-        return after
-    last = table.history(1)[0]
-    mine = json.loads(last.get("userMetadata") or "{}")
-    same = (mine.get("onceflow_source"), mine.get("onceflow_batch")) == (metadata["onceflow_source"],
-                                                                        metadata["onceflow_batch"])
-    return after + 1 if same else after
+        return False
+    last = json.loads(table.history(1)[0].get("userMetadata") or "{}")
+    return all(last.get(key) == metadata[key] for key in keys)
 
 
 def committed_metrics(spark: SparkSession, path: str, metadata: dict[str, Any], lookback: int = 1000) -> dict[str, str]:

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import pyarrow as pa
@@ -87,17 +87,28 @@ def create_table_once(
     _created.add(path)
 
 
-@contextmanager
-def delta_transaction(spark: SparkSession, app_id: str, version: int, metadata: dict[str, Any]) -> Iterator[None]:
+def delta_transaction(
+    spark: SparkSession, app_id: str, version: int, metadata: dict[str, Any]
+) -> AbstractContextManager[None]:
     """Run one Delta SQL command inside the block as the idempotent transaction `(app_id, version)`."""
+    return _command_settings(spark, {_APP_ID: app_id, _VERSION: str(version),
+                                     _USER_METADATA: json.dumps(metadata, sort_keys=True)})
+
+
+def tagged_commit(spark: SparkSession, metadata: dict[str, Any]) -> AbstractContextManager[None]:
+    """Run one Delta SQL command inside the block with `metadata` in its commit (no SetTransaction)."""
+    return _command_settings(spark, {_USER_METADATA: json.dumps(metadata, sort_keys=True)})
+
+
+@contextmanager
+def _command_settings(spark: SparkSession, settings: dict[str, str]) -> Iterator[None]:
     with _lock:
-        spark.conf.set(_APP_ID, app_id)
-        spark.conf.set(_VERSION, str(version))
-        spark.conf.set(_USER_METADATA, json.dumps(metadata, sort_keys=True))
+        for key, value in settings.items():
+            spark.conf.set(key, value)
         try:
             yield
         finally:
-            for key in (_APP_ID, _VERSION, _USER_METADATA):
+            for key in settings:
                 spark.conf.unset(key)
 
 

@@ -6,19 +6,24 @@ monotone (a `HAVING`, a top-N), whose older pane has keys the newer one dropped.
 rows whose pane is at least the newest the window holds (as the BigQuery load does); rows of older panes are
 never updated or deleted by it. The source reads the window table a moment before the MERGE's transaction
 does, so a newer pane committing in between could still see an older pane's keys inserted after it: the windows
-are checked after the MERGE and any such rows are deleted, so a window holds one pane again.
+are checked after the MERGE and any such rows are deleted, so a window holds one pane again. That check is needed
+only when another commit came between: when the MERGE's own commit is the one right after the version the table had
+just before it, both reads saw that version, and the check is skipped.
 """
 
 from __future__ import annotations
 
 import logging
+import uuid
 
 from pyspark.sql import SparkSession
 
-from onceflow.jobs.delta.transactions import is_concurrent_commit
+from onceflow.jobs.delta.commit_log import committed_next
+from onceflow.jobs.delta.transactions import is_concurrent_commit, latest_version, tagged_commit
 from onceflow.jobs.windows.panes import PaneClose, Window
 
 MERGE_TRIES = 3
+MERGE_KEY = "onceflow_window_merge"
 
 log = logging.getLogger("onceflow")
 
@@ -49,8 +54,9 @@ def merge_panes_once(
         "WHEN NOT MATCHED THEN INSERT * "
         f"WHEN NOT MATCHED BY SOURCE AND ({stale}) THEN DELETE"
     )
-    lost = _merge_retrying(spark, merge, asset, list(panes))
-    _drop_older_panes(spark, windows_path, starts)
+    lost, alone = _merge_retrying(spark, windows_path, merge, asset, list(panes))
+    if not alone:
+        _drop_older_panes(spark, windows_path, starts)
     return lost
 
 
@@ -66,13 +72,18 @@ def _drop_older_panes(spark: SparkSession, windows_path: str, starts: str) -> No
         spark.sql(f"DELETE FROM delta.`{windows_path}` WHERE {older}")
 
 
-def _merge_retrying(spark: SparkSession, merge: str, asset: str, windows: list[Window]) -> int:
+def _merge_retrying(
+    spark: SparkSession, windows_path: str, merge: str, asset: str, windows: list[Window]
+) -> tuple[int, bool]:
     """Run the window MERGE; when a concurrent materialization of the same windows commits first, run it again
-    (it is idempotent: a pane replaces only an older or equal one). Returns how many races were lost."""
+    (it is idempotent: a pane replaces only an older or equal one). Returns how many races were lost, and whether
+    the MERGE committed right after the version the table had when it began (see the module docstring)."""
     for lost in range(MERGE_TRIES):
+        before, tag = latest_version(windows_path), {MERGE_KEY: uuid.uuid4().hex}
         try:
-            spark.sql(merge)
-            return lost
+            with tagged_commit(spark, tag):
+                spark.sql(merge)
+            return lost, committed_next(windows_path, before, (MERGE_KEY,), tag)
         except Exception as error:
             if not is_concurrent_commit(error):
                 raise
