@@ -36,7 +36,7 @@ from onceflow.resources.emulators.gcs import GcsEmulator, start_gcs_emulator
 from onceflow.resources.emulators.kafka import KafkaBroker, start_kafka_broker
 from onceflow.resources.emulators.pubsub import PubSubEmulator, start_pubsub_emulator
 from onceflow.resources.maven_jars import MavenMissingError
-from onceflow.resources.spark import RUN_DRIVER_CONF, build_spark_session
+from onceflow.resources.spark import build_spark_session
 from onceflow.resources.spark_cluster import SparkCluster, start_spark_cluster
 from onceflow.resources.spark_connect import SparkConnectServer, start_spark_connect_server
 
@@ -48,10 +48,6 @@ if ENGINE not in ("connect", "classic"):
 
 
 SHARED_ENGINE = "ONCEFLOW_TEST_SHARED_SPARK_REMOTE"
-# The tests' engine compiles a new plan for nearly every query it serves, on tiny tables: its C2 compiler threads
-# burned about 40 % of its CPU, which on two cores is the suite's. With C1 alone, as a run's short-lived driver has
-# (`RUN_DRIVER_CONF`), three of the slowest test files used 8 % less CPU and ended 6 % sooner. It changes no result.
-TEST_ENGINE_CONF = RUN_DRIVER_CONF
 _shared_engine = pytest.StashKey[SparkConnectServer]()
 
 
@@ -73,7 +69,7 @@ class SharedEngine:
 def pytest_configure(config: pytest.Config) -> None:
     is_controller = not hasattr(config, "workerinput")
     if ENGINE == "connect" and is_controller and config.getoption("numprocesses", None) and shutil.which("java"):
-        config.stash[_shared_engine] = server = start_spark_connect_server(conf=TEST_ENGINE_CONF)
+        config.stash[_shared_engine] = server = start_spark_connect_server()
         os.environ[SHARED_ENGINE] = server.url  # the workers, started after this, inherit it
 
 
@@ -116,7 +112,7 @@ def spark_connect() -> Iterator[SparkConnectServer | SharedEngine]:
             env.setenv("ONCEFLOW_SPARK_REMOTE", shared)
             yield SharedEngine(shared)
         return
-    server = start_spark_connect_server(conf=TEST_ENGINE_CONF)
+    server = start_spark_connect_server()
     yield from running(server, "ONCEFLOW_SPARK_REMOTE", server.url)
 
 
