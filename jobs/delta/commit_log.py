@@ -85,8 +85,11 @@ def committed_next(path: str, after: int, keys: tuple[str, ...], metadata: dict[
     table = table_snapshot(path)
     if table.version() != after + 1:
         return False
-    last = json.loads(table.history(1)[0].get("userMetadata") or "{}")
-    return all(last.get(key) == metadata[key] for key in keys)
+    try:
+        last = json.loads(table.history(1)[0].get("userMetadata") or "{}")
+    except json.JSONDecodeError:
+        return False  # a commit made by someone else, with metadata of their own
+    return isinstance(last, dict) and all(last.get(key) == metadata[key] for key in keys)
 
 
 def committed_metrics(spark: SparkSession, path: str, metadata: dict[str, Any], lookback: int = 1000) -> dict[str, str]:
