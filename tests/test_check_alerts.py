@@ -6,9 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import dagster as dg
+import pytest
+from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
 from onceflow.assets.commits_check import COMMITS_NOT_QUARANTINED, build_commits_check
 from onceflow.jobs.publish.commit_store import CommitStore
+from onceflow.jobs.windows.panes import PARTITION_FORMAT
 from onceflow.resources.lake import LakeResource
 from tests.test_commit_store import SEQ, record
 
@@ -51,3 +54,42 @@ def test_a_quarantined_sequence_fails_the_check_with_error_severity_and_its_run(
         assert f"{ASSET}: {COMMITS_NOT_QUARANTINED}" in error.message
         run = instance.get_run_by_id(failing.run_id)
         assert run is not None and run.status == dg.DagsterRunStatus.FAILURE
+
+
+def test_a_range_run_of_an_old_partitioned_asset_never_lists_its_partitions_and_checks_after_the_asset(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check takes nothing of its asset: a run over five windows of an asset whose windows started a year ago
+    never lists the asset's partition keys (with the asset as an input, Dagster listed all 500,000 of them to look
+    up the evaluation's target), and the check still runs after the asset's step."""
+    partitions = dg.TimeWindowPartitionsDefinition(
+        start="2025-11-01-00:00", fmt=PARTITION_FORMAT, cron_schedule="* * * * *", timezone="UTC", end_offset=1
+    )
+    listed: list[str] = []
+
+    def list_every_key(partitions_def: dg.TimeWindowPartitionsDefinition, *args: object, **kwargs: object) -> None:
+        listed.append(partitions_def.start.isoformat())
+        raise RuntimeError("listed every partition key of the asset")  # at once: a real listing takes minutes
+
+    monkeypatch.setattr(dg.TimeWindowPartitionsDefinition, "get_partition_keys", list_every_key)
+
+    @dg.asset(key=ASSET, partitions_def=partitions, backfill_policy=dg.BackfillPolicy.single_run())
+    def windows() -> None:
+        return None
+
+    first, last = "2025-11-01-00:00", "2025-11-01-00:04"
+    with dg.instance_for_test() as instance:
+        result = dg.materialize(
+            [windows, build_commits_check(ASSET)], instance=instance, resources={"lake": LakeResource(home=str(home))},
+            raise_on_error=False,
+            tags={ASSET_PARTITION_RANGE_START_TAG: first, ASSET_PARTITION_RANGE_END_TAG: last},
+        )
+
+    assert listed == []
+    assert result.success
+    assert [(e.check_name, e.passed) for e in result.get_asset_check_evaluations()] == [(COMMITS_NOT_QUARANTINED, True)]
+    assert sorted(m.partition for m in result.asset_materializations_for_node("event_counts")) == [
+        f"2025-11-01-00:0{i}" for i in range(5)
+    ]
+    started = [e.step_key for e in result.all_events if e.is_step_start]
+    assert started == ["event_counts", f"event_counts_{COMMITS_NOT_QUARANTINED}"]
