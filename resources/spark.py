@@ -13,6 +13,7 @@ import dagster as dg
 from pydantic import Field
 from pyspark.sql import SparkSession
 
+from onceflow.resources.class_archive import class_archive_options
 from onceflow.resources.delta_jars import ensure_delta_jars, ensure_gcs_connector_jar
 from onceflow.resources.gcs import hadoop_gcs_conf, spark_gcs_conf
 from onceflow.resources.kafka_jars import ensure_spark_kafka_jars
@@ -67,9 +68,11 @@ def engine_jars(extra: Sequence[str] = ()) -> list[str]:
 
 def engine_conf(master: str, conf: Mapping[str, str] | None = None) -> dict[str, str]:
     """The Spark settings of an engine on `master` (its jars apart): onceflow's, the GCS connector's, then the
-    user's `conf` on top."""
+    user's `conf` on top; its driver JVM maps the class archive once `onceflow setup` made it."""
     small = SMALL_MACHINE_CONF if master.startswith("local") else {}
-    return {**small, **ENGINE_CONF, **PARQUET_CONF, **DELTA_CONF, **spark_gcs_conf(), **(conf or {})}
+    settings = {**small, **ENGINE_CONF, **PARQUET_CONF, **DELTA_CONF, **spark_gcs_conf(), **(conf or {})}
+    options = f"{settings.get('spark.driver.extraJavaOptions', '')} {class_archive_options()}"
+    return {**settings, "spark.driver.extraJavaOptions": options.strip()}
 
 
 def build_spark_session(
