@@ -23,6 +23,7 @@ import pyspark
 from pyspark import SparkContext
 
 from onceflow.resources.maven_jars import jar_cache_dir
+from onceflow.resources.spark_cluster import spark_home
 
 QUIET = "-Xlog:cds*=off"
 """The JVM's notes on an archive it cannot use (or, while dumping, on classes it leaves out) go to stdout."""
@@ -35,7 +36,7 @@ class ClassArchiveError(RuntimeError):
 def class_archive_path(cache_dir: Path | None = None) -> Path:
     """Where the archive of this JVM and this pyspark install is (or would be)."""
     java = shutil.which("java") or "java"
-    key = f"{os.path.realpath(java)}|{pyspark.__version__}|{Path(pyspark.__file__).parent}"
+    key = f"{os.path.realpath(java)}|{pyspark.__version__}|{spark_home()}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return (cache_dir or jar_cache_dir()) / "class-archives" / f"spark-{pyspark.__version__}-{digest}.jsa"
 
