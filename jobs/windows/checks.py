@@ -5,7 +5,10 @@ materialization wrote.
   version (recomputed, compared row for row with EXCEPT ALL), and the records the pane was computed from number
   the raw rows of the window at that version.
 - `unaccounted_late`: per closed window, the raw rows now = the records at the close + the late ones.
-- `duplicate_record_ids`: record IDs twice in raw within the dedup horizon below the watermark.
+- `duplicate_record_ids`: record IDs twice in raw within the dedup horizon below the watermark; a window run asks
+  only about the time buckets its windows overlap, which costs the same however long the horizon (a count of
+  distinct IDs over the whole horizon took 17.5 s at 10 M rows, every minute for 1-minute windows), and the daily
+  `maintain_tables` job audits the whole horizon.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from onceflow.jobs.declare.declaration import Pipeline, WindowedOutput
-from onceflow.jobs.windows.raw_counts import rows_per_window
+from onceflow.jobs.windows.panes import Window
+from onceflow.jobs.windows.raw_counts import bucket_filter, rows_per_window
 from onceflow.jobs.windows.transform import WindowResult, pane_frame
 
 
@@ -56,8 +60,21 @@ def unaccounted_late(spark: SparkSession, raw_path: str, results: list[WindowRes
     return [r.window.key for r in results if r.closed and now[r.window] != r.records + r.late]
 
 
-def duplicate_record_ids(spark: SparkSession, raw_path: str, horizon_s: int, watermark_ms: int | None) -> int:
-    """Record IDs that occur more than once in raw within the dedup horizon (before the watermark)."""
-    floor = f"WHERE event_time >= timestamp_millis({watermark_ms - horizon_s * 1000})" if watermark_ms else ""
-    row = spark.sql(f"SELECT count(*) - count(DISTINCT record_id) AS d FROM delta.`{raw_path}` {floor}").collect()[0]
-    return int(row["d"])
+class DuplicateRecordIds(RuntimeError):
+    """An exactly-once pipeline's raw table holds some record ID twice within its dedup horizon."""
+
+
+def duplicate_record_ids(
+    spark: SparkSession, raw_path: str, horizon_s: int, watermark_ms: int | None, windows: list[Window] | None = None
+) -> int:
+    """Record IDs that occur more than once in raw within the dedup horizon (before the watermark); with `windows`,
+    among the rows of the time buckets they overlap only: a redelivered record carries its event time, so its
+    bucket; two records of one ID in different buckets are left to the whole horizon's audit."""
+    where = [f"event_time >= timestamp_millis({watermark_ms - horizon_s * 1000})"] if watermark_ms else []
+    if windows is not None:
+        if not windows:
+            return 0
+        where.append(bucket_filter(raw_path, windows))
+    condition = f"WHERE {' AND '.join(where)}" if where else ""
+    row = spark.sql(f"SELECT count(*) - count(DISTINCT record_id) AS d FROM delta.`{raw_path}` {condition}").collect()
+    return int(row[0]["d"])

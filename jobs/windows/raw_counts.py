@@ -11,11 +11,14 @@ from onceflow.jobs.windows.panes import Window
 
 def range_filter(raw_path: str, windows: list[Window]) -> str:
     """Event-time bounds covering all windows, with the time-bucket predicate that prunes raw's partitions."""
+    lo, hi = min(w.start_ms for w in windows), max(w.end_ms for w in windows)
+    return f"event_time >= timestamp_millis({lo}) AND event_time < timestamp_millis({hi}) AND {bucket_filter(raw_path, windows)}"
+
+
+def bucket_filter(raw_path: str, windows: list[Window]) -> str:
+    """The predicate on raw's partition column that keeps the whole time buckets the windows overlap."""
     lo, hi, width = min(w.start_ms for w in windows), max(w.end_ms for w in windows), bucket_ms(raw_path)
-    return (
-        f"event_time >= timestamp_millis({lo}) AND event_time < timestamp_millis({hi}) "
-        f"AND time_bucket BETWEEN {lo // width} AND {(hi - 1) // width}"
-    )
+    return f"time_bucket BETWEEN {lo // width} AND {(hi - 1) // width}"
 
 
 def rows_per_window(
