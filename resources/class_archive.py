@@ -7,6 +7,9 @@ Hadoop come parsed and verified from the archive instead of from 200 jars.
 JVM onceflow starts, classic sessions and the Spark Connect server alike, then maps it (`class_archive_options`).
 The JVM checks the archive against its own version and class path: one made by another JDK or another install is
 not used, and the JVM starts as it would without it, silently (`-Xlog:cds*=off`). Nothing depends on it but speed.
+
+Each archive is about 200 MB, and every checkout's install makes its own: beside each, a note of the JVM and the Spark
+home it was made for, and set-up removes the archives whose JVM or Spark home is gone (a deleted checkout's).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 import pyspark
+from pydantic import BaseModel
 from pyspark import SparkContext
 
 from onceflow.resources.maven_jars import jar_cache_dir
@@ -33,10 +37,24 @@ class ClassArchiveError(RuntimeError):
     """The dump of the class archive did not produce one."""
 
 
+class ArchiveOrigin(BaseModel):
+    """What an archive was made for, kept beside it (`<archive>.json`)."""
+
+    java: str
+    spark_home: str
+
+    @classmethod
+    def here(cls) -> ArchiveOrigin:
+        return cls(java=os.path.realpath(shutil.which("java") or "java"), spark_home=str(spark_home()))
+
+    def gone(self) -> bool:
+        return not (Path(self.java).exists() and Path(self.spark_home).is_dir())
+
+
 def class_archive_path(cache_dir: Path | None = None) -> Path:
     """Where the archive of this JVM and this pyspark install is (or would be)."""
-    java = shutil.which("java") or "java"
-    key = f"{os.path.realpath(java)}|{pyspark.__version__}|{spark_home()}"
+    origin = ArchiveOrigin.here()
+    key = f"{origin.java}|{pyspark.__version__}|{origin.spark_home}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return (cache_dir or jar_cache_dir()) / "class-archives" / f"spark-{pyspark.__version__}-{digest}.jsa"
 
@@ -51,7 +69,11 @@ def ensure_class_archive(cache_dir: Path | None = None, timeout_s: float = 600) 
     """The archive, dumped first if missing: a child process runs a Spark session through Delta's common work and
     its JVM writes the archive as it exits. Written to a temporary name and renamed, so a reader never maps half."""
     path = class_archive_path(cache_dir)
+    remove_orphan_archives(path.parent)
+    note = path.with_name(f"{path.name}.json")
     if path.is_file():
+        if not note.is_file():  # made before notes were kept: it is this install's
+            note.write_text(ArchiveOrigin.here().model_dump_json())
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
@@ -62,8 +84,22 @@ def ensure_class_archive(cache_dir: Path | None = None, timeout_s: float = 600) 
     if done.returncode != 0 or not partial.is_file():
         partial.unlink(missing_ok=True)
         raise ClassArchiveError(f"the JVM wrote no class archive (exit {done.returncode}): {done.stderr[-2000:]}")
+    note.write_text(ArchiveOrigin.here().model_dump_json())
     os.replace(partial, path)
     return path
+
+
+def remove_orphan_archives(directory: Path) -> None:
+    """Remove the archives whose JVM or Spark home is gone. A driver still mapping one keeps its pages (Linux
+    frees an unlinked file once unmapped); one without a note (made before notes were kept) is left alone."""
+    for note in directory.glob("*.jsa.json"):
+        try:
+            gone = ArchiveOrigin.model_validate_json(note.read_text()).gone()
+        except (OSError, ValueError):
+            continue
+        if gone:
+            note.with_suffix("").unlink(missing_ok=True)
+            note.unlink(missing_ok=True)
 
 
 def _dump(target: Path) -> None:
