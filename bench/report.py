@@ -4,6 +4,8 @@ printed tables, one per data set.
 Every figure is a median over the timed rounds of one contender; every ratio is between two medians of the same
 run (same files, same Spark session and settings), or between two runs of the same round. A ratio whose
 contender did not run (`--only`) is null. `duplicates_after_replay` and `peak_rss_bytes` are the worst round's.
+Exactly-once ÷ at-least-once by round is of each mode's two runs in the round, placed A B ... B A (`bench.run`);
+the figures of single runs count only the first of them.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per contender, in the order they ran: median, spread, and what its tables held."""
     summary: dict[str, dict[str, Any]] = {}
     for contender in dict.fromkeys(r["contender"] for r in runs):
-        mine = [r for r in runs if r["contender"] == contender]
+        mine = [r for r in runs if r["contender"] == contender and not r.get("second_pass")]
         rates = [r["records_per_s"] for r in mine]
         replays = [r["duplicates_after_replay"] for r in mine if r["duplicates_after_replay"] is not None]
         summary[contender] = {
@@ -76,6 +78,22 @@ def round_ratios(summary: dict[str, dict[str, Any]], contender: str, other: str)
                                   summary[other]["records_per_s_by_round"], strict=True)]
 
 
+def paired_mode_ratios(runs: list[dict[str, Any]]) -> list[float] | None:
+    """Exactly-once ÷ at-least-once per round, each mode's records over its seconds summed over its two runs of
+    the round; None unless both modes ran twice in every round."""
+    by_round: dict[int, dict[str, list[dict[str, Any]]]] = {}
+    for run in runs:
+        by_round.setdefault(run["round"], {}).setdefault(run["contender"], []).append(run)
+
+    def rate(mine: list[dict[str, Any]]) -> float:
+        return sum(r["records"] for r in mine) / sum(r["seconds"] for r in mine)
+
+    pairs = [(modes.get("exactly_once", []), modes.get("at_least_once", [])) for _, modes in sorted(by_round.items())]
+    if not pairs or any(len(eo) != 2 or len(alo) != 2 for eo, alo in pairs):
+        return None
+    return [rate(eo) / rate(alo) for eo, alo in pairs]
+
+
 def build(
     config: Config, datasets: list[dict[str, Any]], table_growth: dict[str, Any] | None,
     latency: dict[str, Any] | None, landing: dict[str, Any] | None = None,
@@ -103,20 +121,23 @@ def dataset(config: Config, ran: dict[str, Any]) -> dict[str, Any]:
         return summary[contender]["duplicates_after_replay"] if contender in summary else None
 
     onceflow = rps("exactly_once")
+    paired = paired_mode_ratios(runs)
     by_round = {other: round_ratios(summary, "exactly_once", other) for other in summary if other != "exactly_once"}
     failures = sorted({f for r in runs if r["contender"] in peer.CONTENDERS for f in r["replay"].get("failed_runs", [])})
     return {
         "description": ran["description"],
         "files": {**ran["files"], "count": config.files, "per_batch": config.files_per_batch},
-        "order": f"a warm-up round (discarded), then {config.rounds} rounds of " + " ".join(summary)
-        + ", reversed in even rounds",
+        "order": f"{config.warm_ups} warm-up rounds (discarded), then {config.rounds} rounds of " + " ".join(summary)
+        + ", reversed in even rounds"
+        + (", then exactly_once and at_least_once again in the reverse of that round's order" if paired else ""),
         "exactly_once_ratio_by_round": by_round,
         "ingest_modes": {
             "exactly_once_rps": onceflow,
             "at_least_once_rps": rps("at_least_once"),
             "ratio": _ratio(onceflow, rps("at_least_once")),
-            "ratio_by_round": by_round.get("at_least_once"),
-            "target_ratio": 0.8,
+            "ratio_by_round": paired,
+            "single_run_ratio_by_round": by_round.get("at_least_once"),
+            "target_ratio": 0.9,
         },
         "peer": {
             "onceflow_rps": onceflow,
@@ -159,6 +180,10 @@ def table(result: dict[str, Any]) -> str:
         for other, by_round in ran["exactly_once_ratio_by_round"].items():
             if by_round:
                 lines.append(f"exactly_once ÷ {other}, round by round: " + " ".join(f"{r:.2f}" for r in by_round))
+        paired = ran["ingest_modes"]["ratio_by_round"]
+        if paired:
+            lines.append("exactly_once ÷ at_least_once, round by round, two runs each (A B ... B A): "
+                         + " ".join(f"{r:.2f}" for r in paired))
         for contender, row in summary.items():
             same = row["same_rows"]
             if same and (same["kept_dead_letters"] or same["other_rows"]):
