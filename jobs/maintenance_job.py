@@ -40,7 +40,8 @@ def build_maintenance_job(pipelines: list[Pipeline]) -> tuple[dg.JobDefinition, 
                                  f"the dedup horizon")
             for report in reports:
                 compacted = (f", compacted time buckets below {report.compacted_below_bucket}"
-                             if report.compacted_below_bucket is not None else "")
+                             if report.compacted_below_bucket is not None else ", compacted" if report.compacted_whole
+                             else "")
                 staging = (f", removed {report.staging_logs_removed} abandoned staging logs"
                            if report.staging_logs_removed else "")
                 context.log.info(

@@ -42,12 +42,14 @@ def test_maintenance_compacts_and_vacuums_without_breaking_a_recompute(
             events = [Event(f"h{hour}-{part}-{i}", base + hour * HOUR + i * 1000, f"k{i % 3}", i) for i in range(20)]
             write_events(tmp_path / "in" / f"{hour}-{part}.jsonl", events)
             drain(lambda: spark, source)
-    window = Window(base, base + 60_000)
+    window, next_window = Window(base, base + 60_000), Window(base + 60_000, base + 120_000)
     closes = CloseStore(lake.panes(), output.asset)
     windows_path = lake.table_path(output.table)
-    materialize_windows(spark, pipeline, output, [window], window.end_ms + 30_000, closes, source.raw_path,
-                        windows_path)
+    for one in (window, next_window):  # a window step each: a file each in the window table
+        materialize_windows(spark, pipeline, output, [one], one.end_ms + 30_000, closes, source.raw_path,
+                            windows_path)
     pinned = read_rows(windows_path, [*WINDOW_ROWS, "raw_version"])
+    assert {row[-1] for row in pinned} == {pinned[0][-1]} and len(DeltaTable(windows_path).file_uris()) == 2
     at_pinned = read_rows(source.raw_path, ["record_id", "event_time"], version=pinned[0][-1])
     raw = DeltaTable(source.raw_path)
     assert raw.metadata().configuration["delta.deletedFileRetentionDuration"] == "interval 720 hours"
@@ -60,9 +62,14 @@ def test_maintenance_compacts_and_vacuums_without_breaking_a_recompute(
     optimize = [h for h in history if h["operation"] == "OPTIMIZE"]
     assert optimize and "time_bucket" in optimize[0]["operationParameters"]["predicate"]
     assert len(DeltaTable(source.raw_path).file_uris()) < files_before
-    # The window is recomputed from its pinned version, files removed by the compaction included: same rows.
-    materialize_windows(spark, pipeline, output, [window], window.end_ms + 30_000, closes, source.raw_path,
-                        windows_path)
+    # The window table is compacted whole: its window steps' files are one.
+    assert len(DeltaTable(windows_path).file_uris()) == 1
+    assert [h["operation"] for h in spark.sql(f"DESCRIBE HISTORY delta.`{windows_path}`").collect()][:3] == [
+        "VACUUM END", "VACUUM START", "OPTIMIZE"]
+    # The windows are recomputed from their pinned version, files removed by the compactions included: same rows.
+    for one in (window, next_window):
+        materialize_windows(spark, pipeline, output, [one], one.end_ms + 30_000, closes, source.raw_path,
+                            windows_path)
     assert read_rows(windows_path, [*WINDOW_ROWS, "raw_version"]) == pinned
     assert read_rows(source.raw_path, ["record_id", "event_time"], version=pinned[0][-1]) == at_pinned
     # Ingest goes on after maintenance.
