@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 
-import numpy as np
 import pyarrow as pa
 
 from onceflow.jobs.dedup.first_records import first_ids
@@ -32,10 +31,13 @@ def test_the_first_record_of_each_id_in_landing_order_is_kept_whatever_order_the
                          "ordinal": pa.array(landed, pa.int64())})
         # In two chunks, as a table read in parts is.
         rows = pa.concat_tables([rows.slice(0, size // 2), rows.slice(size // 2)])
-        firsts, rest = first_ids(rows)
+        firsts, mask = first_ids(rows)
         kept, dropped = _by_grouping(rows)
         assert set(firsts["ordinal"].to_pylist()) == kept and len(firsts) == len(kept)
-        assert set(rest.tolist()) == dropped and len(rest) == len(dropped) and rest.dtype == np.int64
+        # The mask marks those very rows of `rows`.
+        assert rows["ordinal"].filter(pa.array(mask)).to_pylist() == firsts["ordinal"].to_pylist()
+        rest = rows["ordinal"].filter(pa.array(~mask)).to_pylist()
+        assert set(rest) == dropped and len(rest) == len(dropped)
         # Each kept row keeps its own ID and bucket.
         by_ordinal = dict(zip(landed, zip(ids, (o % 7 for o in landed), strict=True), strict=True))
         assert all(by_ordinal[o] == (i, b) for i, b, o in zip(*(firsts[c].to_pylist() for c in

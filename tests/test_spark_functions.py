@@ -11,11 +11,13 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
 from onceflow.jobs.dedup.first_records import without_ordinals
+from onceflow.jobs.ingest.batch_read import BatchRead
 from onceflow.orchestration.local_stack import PROJECT_ROOT
 from onceflow.resources import spark_functions
 from onceflow.resources.spark_functions import (
@@ -96,3 +98,23 @@ def test_an_engine_without_the_jar_gets_an_error_naming_the_fix(
 
     with pytest.raises(SparkFunctionsMissingError, match=r"cannot load io\.onceflow\.Absent.*onceflow setup"):
         register_spark_functions(spark)
+
+
+def test_a_batch_read_drops_the_same_valid_records_held_here_or_in_spark(spark: SparkSession) -> None:
+    """`BatchRead.valid`: the mask over a batch's valid records drops the same rows whether its records came to the
+    driver (row for row with the slim columns, dead letters among them) or stay a DataFrame of its valid ones."""
+    register_spark_functions(spark)
+    reasons = [None, "malformed_json", None, None, "missing_field", None, None]
+    ordinals = [10, 11, 2**40, 3, 4, 2**41 + 5, 6]
+    slim = pa.table({"reason": pa.array(reasons, pa.string()), "ordinal": pa.array(ordinals, pa.int64())})
+    records = pa.table({"name": [f"r{o}" for o in ordinals], "ordinal": pa.array(ordinals, pa.int64())})
+    valid_rows = [(o, f"r{o}") for o, r in zip(ordinals, reasons, strict=True) if r is None]
+    in_spark = BatchRead(slim, spark.createDataFrame(valid_rows, "ordinal BIGINT, name STRING"), len(ordinals))
+    here = BatchRead(slim, records, len(ordinals))
+    # Of the five valid records (r10 r1099511627776 r3 r2199023255557 r6), drop the second and the last.
+    dropped = np.array([False, True, False, False, True])
+    assert here.valid(dropped).to_pylist() == [{"name": "r10"}, {"name": "r3"}, {"name": f"r{2**41 + 5}"}]
+    assert sorted(r["name"] for r in in_spark.valid(dropped).collect()) == sorted(["r10", "r3", f"r{2**41 + 5}"])
+    assert here.valid()["name"].to_pylist() == [name for _, name in valid_rows]
+    assert sorted(r["name"] for r in in_spark.valid().collect()) == sorted(name for _, name in valid_rows)
+    assert slim.num_rows == 7 and records.num_rows == 7  # nothing filtered in place

@@ -1,8 +1,8 @@
 """Which record of a batch is kept for each record ID: the first in landing order (its `ordinal`).
 
-A batch's valid records are deduplicated on the driver from a few of their columns (`first_ids`) and the rest
-dropped by ordinal (`without_ordinals`), in Spark or, where the batch's rows came to the driver whole, there; its
-dead letters alike (`onceflow.jobs.ingest.dead_letters`).
+A batch's valid records are deduplicated on the driver from a few of their columns (`first_ids`), and the rest
+dropped: by a mask where the batch's rows came to the driver whole (`onceflow.jobs.ingest.batch_read.BatchRead`),
+by ordinal in Spark (`without_ordinals`); its dead letters alike (`onceflow.jobs.ingest.dead_letters`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pyspark.sql import functions as F
 
 
 def first_ids(valid: pa.Table) -> tuple[pa.Table, np.ndarray]:
-    """The first record of each ID (the rows of `valid`, by its `record_id` and `ordinal`), and the ordinals of the
-    rest. A NULL ID is one ID too.
+    """The first record of each ID (the rows of `valid`, by its `record_id` and `ordinal`), and which rows of `valid`
+    they are (a mask). A NULL ID is one ID too.
 
     In landing order, a record is the first of its ID when its ID's code (numbered by first appearance) exceeds
     every code before it: one pass, where grouping by ID and matching the minimum ordinals back took twice as long.
@@ -28,20 +28,15 @@ def first_ids(valid: pa.Table) -> tuple[pa.Table, np.ndarray]:
     seen_before = np.maximum.accumulate(np.concatenate(([-1], codes[:-1])))
     kept = np.empty(len(order), bool)
     kept[order] = codes > seen_before
-    return valid.filter(pa.array(kept)), ordinals[~kept]
+    return valid.filter(pa.array(kept)), kept
 
 
-def without_ordinals(rows: DataFrame | pa.Table, ordinals: np.ndarray) -> DataFrame | pa.Table:
+def without_ordinals(rows: DataFrame, ordinals: np.ndarray) -> DataFrame:
     """`rows` without those at `ordinals`, and without the ordinal column.
 
-    Rows held as Arrow are filtered here. For a DataFrame, the ordinals go to Spark as one binary literal, sorted,
-    that `onceflow_not_among` (registered by `onceflow.resources.spark_functions`) searches for each row: no table
-    of them to build and broadcast first.
+    The ordinals go to Spark as one binary literal, sorted, that `onceflow_not_among` (registered by
+    `onceflow.resources.spark_functions`) searches for each row: no table of them to build and broadcast first.
     """
-    if isinstance(rows, pa.Table):
-        if len(ordinals):
-            rows = rows.filter(pc.invert(pc.is_in(rows["ordinal"], value_set=pa.array(ordinals, pa.int64()))))
-        return rows.drop_columns(["ordinal"])
     if len(ordinals):
         members = np.unique(ordinals.astype(np.int64)).astype(">i8").tobytes()
         rows = rows.filter(F.call_function("onceflow_not_among", F.lit(bytearray(members)), F.col("ordinal")))

@@ -27,11 +27,11 @@ from concurrent.futures import Future
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 
 from onceflow.jobs.declare.record_contract import RecordContract
 from onceflow.jobs.dedup.filter_store import IdFilterStore
-from onceflow.jobs.dedup.first_records import first_ids, without_ordinals
+from onceflow.jobs.dedup.first_records import first_ids
 from onceflow.jobs.dedup.id_filters import ID_HASH_COLUMNS, IdFilters, batch_fingerprints
 from onceflow.jobs.delta.commit_log import ATTEMPT_KEY
 from onceflow.jobs.delta.transactions import append_once, latest_version
@@ -54,7 +54,7 @@ def ingest_batch(
     """Commit one batch, `read` (`onceflow.jobs.ingest.batch_read.read_batch`), to the raw and dead-letter tables,
     exactly once (or at least once). `on_read(result, dead_letters)`, once its counts and event times are known and
     its dead letters' commit (a future, None without dead letters) is begun, may begin work beside its commit."""
-    pipeline, slim, valid, begun = source.pipeline, read.slim, read.valid, read.begun
+    pipeline, slim, begun = source.pipeline, read.slim, read.begun
     result = IngestResult(batch_id=plan.batch_id, landed=read.landed)
     # The plan travels in the commit: a checkpoint restored from an old copy loses plans, the lake keeps them.
     # The attempt's id tells which of two concurrent attempts at the batch made the commit that holds it.
@@ -76,7 +76,7 @@ def ingest_batch(
             on_read(result, pending)
         valid_count = result.received - dead.num_rows
         if pipeline.delivery == "at_least_once":
-            rows = without_ordinals(valid, np.array([], np.int64))
+            rows = read.valid()
             dead_letters_first()
             written = append_new(spark, source, plan, rows, valid_count, metadata, begun)
             result.raw_version = latest_version(source.raw_path)
@@ -84,15 +84,15 @@ def ingest_batch(
             return result
         # The few columns the dedup reads are filtered, not the rows' payloads.
         dedup_columns = ["record_id", "time_bucket", "ordinal", *(c for c in ID_HASH_COLUMNS if c in slim.column_names)]
-        firsts, repeats = first_ids(slim.select(dedup_columns).filter(pc.is_null(slim["reason"])))
+        firsts, kept = first_ids(slim.select(dedup_columns).filter(pc.is_null(slim["reason"])))
         unique_count = firsts.num_rows
         if source.id_filters is None:
-            unique = without_ordinals(valid, repeats)
+            unique = read.valid(~kept)
             horizon = _horizon(plan.horizon_floor_ms, pipeline.time_bucket_ms)
             dead_letters_first()
             written = merge_once(spark, source, plan, unique, source.raw_path, horizon, metadata)
         else:
-            written = _merge_with_filters(spark, source, source.id_filters, plan, valid, (firsts, repeats), metadata,
+            written = _merge_with_filters(spark, source, source.id_filters, plan, read, (firsts, kept), metadata,
                                           result, (begun, dead_letters_first))
             dead_letters_first()  # a replay appends nothing, so it did not wait for them
         result.duplicates_in_batch = valid_count - unique_count
@@ -113,31 +113,33 @@ def _horizon(horizon_floor_ms: int | None, bucket_ms: int) -> str:
 
 
 def _merge_with_filters(
-    spark: SparkSession, source: SourceRuntime, store: IdFilterStore, plan: BatchPlan, valid: DataFrame | pa.Table,
+    spark: SparkSession, source: SourceRuntime, store: IdFilterStore, plan: BatchPlan, read: BatchRead,
     dedup: tuple[pa.Table, np.ndarray], metadata: dict, result: IngestResult,
     before: tuple[Future | None, Callable[[], None]],
 ) -> Written:
-    """Commit the first record of each ID of a batch's `valid` records (`dedup`: those firsts' `record_id,
-    time_bucket, ordinal`, and the ordinals of the repeats) unless the table holds its ID, as the ID filters say;
+    """Commit the first record of each ID of a batch's valid records (`dedup`: those firsts' `record_id,
+    time_bucket`, and which of the valid records they are) unless the table holds its ID, as the ID filters say;
     then the batch's IDs join the filters. `before`: the append's transaction if begun, and what must be done before
     the raw commit (the batch's dead letters committed).
 
     The append is made on the very table version the filters answered for, and any commit since, whatever its app
     id, makes it fail: then it is decided again against the filters caught up with that commit, and retried.
     """
-    ids, repeats = dedup
+    ids, kept = dedup
+    firsts_at = np.flatnonzero(kept)
     floor = None if plan.horizon_floor_ms is None else plan.horizon_floor_ms // source.pipeline.time_bucket_ms
     begun, dead_letters_first = before
     transactions = iter([begun])  # the one begun ahead serves the first attempt; a retry starts afresh
 
     def append(filters: IdFilters, seen: np.ndarray) -> int | None:
         _count(filters, seen, result)
-        dropped = ids["ordinal"].filter(pa.array(seen)).to_numpy()
-        rows = without_ordinals(valid, np.concatenate([repeats, dropped]))  # one filter drops both kinds
+        dropped = ~kept
+        dropped[firsts_at[seen]] = True  # one filter drops the batch's repeats and the IDs the table holds
+        rows = read.valid(dropped)
         dead_letters_first()
         written = append_once(rows, source.raw_path, source.app_id, plan.batch_id, metadata,
                               next(transactions, None), read_version=filters.version)
-        return ids.num_rows - len(dropped) if written else None
+        return ids.num_rows - int(seen.sum()) if written else None
 
     fingerprints = (batch_fingerprints(ids), ids["time_bucket"].to_numpy())
     return commit_on_filters(spark, source, plan, source.raw_path, metadata, (store, floor), fingerprints, append)

@@ -13,6 +13,7 @@ import functools
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
@@ -20,6 +21,7 @@ from pyspark.sql import types as T
 
 from onceflow.jobs.declare.record_contract import RecordContract
 from onceflow.jobs.declare.schema import has_variant, quoted
+from onceflow.jobs.dedup.first_records import without_ordinals
 from onceflow.jobs.dedup.id_filters import ID_HASH_COLUMNS, id_hash_sql
 from onceflow.jobs.delta.raw_table import DEAD_LETTER_SCHEMA, bucket_of, ensure_raw_table, raw_schema
 from onceflow.jobs.delta.transactions import begin_append, create_table_once, table_properties
@@ -37,14 +39,27 @@ _counter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onceflow-landed
 @dataclass
 class BatchRead:
     """A batch read: its driver-side columns (`slim`: `reason, record_id, ordinal, t, time_bucket` and the dead
-    letters' columns), its valid records' raw columns (`valid`, here or a DataFrame over `cached`), the landing's
-    own count of its records (`landed`), and the raw append's transaction when begun beside the read (`begun`)."""
+    letters' columns), its records' raw columns (`records`: row for row with `slim` when they came to the driver,
+    else a DataFrame of its valid ones over `cached`), the landing's own count of its records (`landed`), and the
+    raw append's transaction when begun beside the read (`begun`)."""
 
     slim: pa.Table
-    valid: DataFrame | pa.Table
+    records: DataFrame | pa.Table
     landed: int
     begun: Future | None = None
     cached: DataFrame | None = None
+
+    def valid(self, dropped: np.ndarray | None = None) -> DataFrame | pa.Table:
+        """The batch's valid records' raw columns, without `ordinal`, but for those `dropped` marks (a mask over
+        them, in `slim`'s order). Rows held here are filtered once, whatever is dropped: the table is wide."""
+        is_valid = pc.is_null(self.slim["reason"])
+        if isinstance(self.records, pa.Table):
+            keep = is_valid.to_numpy(zero_copy_only=False)
+            if dropped is not None:
+                keep[np.flatnonzero(keep)[dropped]] = False
+            return self.records.filter(pa.array(keep)).drop_columns(["ordinal"])
+        ordinals = self.slim["ordinal"].filter(is_valid).to_numpy()
+        return without_ordinals(self.records, ordinals[dropped] if dropped is not None else ordinals[:0])
 
     def release(self) -> None:
         """Let go of the batch's cache, if it has one."""
@@ -88,11 +103,11 @@ def read_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, land
     classified = _classified(spark, landed, contract, source.pipeline.time_bucket_ms, numbers, outputs)
     cached = None if rows_here else classified.cache()
     try:
-        slim, valid = _read(classified if cached is None else cached, columns, rows_here, counted)
+        slim, records = _read(classified if cached is None else cached, columns, rows_here, counted)
         if begun is not None:
             begun.result()  # the tables exist from here on
         # Before anything commits: a landing that cannot be counted stops the batch.
-        return BatchRead(slim, valid, counted.result(), begun, cached)
+        return BatchRead(slim, records, counted.result(), begun, cached)
     except BaseException:
         if cached is not None:
             cached.unpersist()
@@ -135,14 +150,14 @@ def _bucketed(
 def _read(
     classified: DataFrame, columns: tuple[str, ...], rows_here: bool, counted: Future
 ) -> tuple[pa.Table, DataFrame | pa.Table]:
-    """The batch's one Spark action (`read_batch`): its driver-side columns, and its valid records' raw `columns`,
-    here (`rows_here`) or a DataFrame over the cached batch."""
+    """The batch's one Spark action (`read_batch`): its driver-side columns, and its records' raw `columns`: all of
+    them here (`rows_here`), or its valid ones' as a DataFrame over the cached batch."""
     try:
         if rows_here:  # `classified` is projected to `DRIVER_COLUMNS` and `columns` already
             slim = classified.toArrow()
             driver_only = ["reason", "t", "raw", "detail", *(c for c in ID_HASH_COLUMNS if c in slim.column_names)]
-            # Dropped before the filter, which copies what it keeps.
-            return slim, slim.drop_columns(driver_only).filter(pc.is_null(slim["reason"]))
+            # Not filtered here: the valid records are copied once, when what the batch drops is known (`valid`).
+            return slim, slim.drop_columns(driver_only)
         slim = classified.selectExpr(
             "reason", "record_id", "ordinal", "unix_millis(event_time) AS t", "time_bucket", *DEAD_LETTER_COLUMNS
         ).toArrow()
