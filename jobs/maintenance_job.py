@@ -1,8 +1,9 @@
 """The Dagster job `maintain_tables` and its daily schedule: `onceflow.jobs.delta.maintenance.maintain` for every pipeline.
 
 It needs no pool of its own: compaction touches only raw buckets below the dedup horizon (which ingest no longer
-writes) and window tables (whose MERGE merges again when it loses a race), and vacuum keeps every version within
-the retention, so it runs beside micro-batches and windows.
+writes), window tables (whose MERGE merges again when it loses a race) and dead-letter tables (whose appends are
+decided again when they lose one), and vacuum keeps every version within the retention, so it runs beside
+micro-batches and windows.
 
 It then audits each exactly-once pipeline's raw table for record IDs held twice within the dedup horizon, the
 whole horizon, which a window run's `no_duplicate_record_ids` check leaves to it (that check looks at the time
@@ -57,7 +58,7 @@ def build_maintenance_job(pipelines: list[Pipeline]) -> tuple[dg.JobDefinition, 
             )
 
     @dg.job(name=MAINTENANCE_JOB, description="Retention, compaction outside the dedup horizon and of window "
-            "tables, vacuum within retention, for every pipeline's tables, then an audit of raw for record IDs held "
+            "and dead-letter tables, vacuum within retention, for every pipeline's tables, then an audit of raw for record IDs held "
             "twice within the horizon; never breaks exactly-once or a backfill within retention.")
     def maintain_tables() -> None:
         maintain_tables_op()

@@ -4,6 +4,7 @@ vacuums without breaking a recompute within it, and a recompute beyond it fails 
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from pathlib import Path
 
@@ -36,11 +37,14 @@ def test_maintenance_compacts_and_vacuums_without_breaking_a_recompute(
     lake = LakeResource(home=str(home))
     source = open_source(pipeline, lake)
     base = (int(time.time() * 1000) - 5 * HOUR) // HOUR * HOUR
-    # Four hours of events, two batches an hour: several small data files per time bucket, worth compacting.
+    # Four hours of events, two batches an hour: several small data files per time bucket, worth compacting; the
+    # first batch of each of two hours has a bad record too: a file each in the dead-letter table.
     for hour in range(4):
         for part in range(2):
             events = [Event(f"h{hour}-{part}-{i}", base + hour * HOUR + i * 1000, f"k{i % 3}", i) for i in range(20)]
             write_events(tmp_path / "in" / f"{hour}-{part}.jsonl", events)
+            if part == 0 and hour < 2:
+                bad_line(tmp_path / "in" / f"{hour}-{part}.jsonl", f"bad-{hour}", base + hour * HOUR)
             drain(lambda: spark, source)
     window, next_window = Window(base, base + 60_000), Window(base + 60_000, base + 120_000)
     closes = CloseStore(lake.panes(), output.asset)
@@ -66,16 +70,65 @@ def test_maintenance_compacts_and_vacuums_without_breaking_a_recompute(
     assert len(DeltaTable(windows_path).file_uris()) == 1
     assert [h["operation"] for h in spark.sql(f"DESCRIBE HISTORY delta.`{windows_path}`").collect()][:3] == [
         "VACUUM END", "VACUUM START", "OPTIMIZE"]
+    # So is the dead-letter table.
+    assert len(DeltaTable(source.dead_letter_path).file_uris()) == 1
+    assert sorted(read_rows(source.dead_letter_path, ["record_id"])) == [("bad-0",), ("bad-1",)]
     # The windows are recomputed from their pinned version, files removed by the compactions included: same rows.
     for one in (window, next_window):
         materialize_windows(spark, pipeline, output, [one], one.end_ms + 30_000, closes, source.raw_path,
                             windows_path)
     assert read_rows(windows_path, [*WINDOW_ROWS, "raw_version"]) == pinned
     assert read_rows(source.raw_path, ["record_id", "event_time"], version=pinned[0][-1]) == at_pinned
-    # Ingest goes on after maintenance.
+    # Ingest goes on after maintenance; a dead letter held before the compaction is held still.
     write_events(tmp_path / "in" / "later.jsonl", [Event("after", base + 3 * HOUR + 1, "k0", 1)])
+    bad_line(tmp_path / "in" / "later.jsonl", "bad-1", base + HOUR)
     (result,) = drain(lambda: spark, source)
-    assert result.inserted == 1
+    assert (result.inserted, result.dead_lettered_new, result.dead_letter_duplicates) == (1, 0, 1)
+    assert sorted(read_rows(source.dead_letter_path, ["record_id"])) == [("bad-0",), ("bad-1",)]
+
+
+def bad_line(path: Path, record_id: str, event_time_ms: int) -> None:
+    """Append to a batch's file a record whose `value` is not a number: a dead letter (`wrong_type`)."""
+    with path.open("a") as out:
+        out.write(json.dumps({"event_id": record_id, "event_time": event_time_ms, "key": "k0", "value": "x"}) + "\n")
+
+
+def test_a_dead_letter_append_that_loses_to_a_compaction_is_decided_again(
+    spark: SparkSession, tmp_path: Path, home: Path
+) -> None:
+    """The compaction of the dead-letter table commits between the moment its ID filters answered for a batch's
+    dead letters and their append: the append fails, is decided again on the compacted version, and holds each
+    dead letter once."""
+    pipeline = file_pipeline(tmp_path / "in")
+    source = open_source(pipeline, LakeResource(home=str(home)))
+    base = (int(time.time() * 1000) - HOUR) // HOUR * HOUR
+    for part in range(2):
+        write_events(tmp_path / "in" / f"{part}.jsonl", [Event(f"e{part}", base + part, "k0", 1)])
+        bad_line(tmp_path / "in" / f"{part}.jsonl", f"bad-{part}", base)
+        drain(lambda: spark, source)
+    assert len(DeltaTable(source.dead_letter_path).file_uris()) == 2
+    store = source.dead_letter_filters
+    assert store is not None
+    loads = []
+
+    def load_then_compact(floor_bucket: int | None):
+        filters = type(store).load(store, floor_bucket)
+        loads.append(filters.version)
+        if len(loads) == 1:  # a commit the filters did not answer for: the compaction
+            spark.sql(f"OPTIMIZE delta.`{source.dead_letter_path}`")
+        return filters
+
+    store.load = load_then_compact
+    write_events(tmp_path / "in" / "2.jsonl", [Event("e2", base + 2, "k0", 1)])
+    bad_line(tmp_path / "in" / "2.jsonl", "bad-0", base)  # held before the compaction
+    bad_line(tmp_path / "in" / "2.jsonl", "bad-2", base)  # new
+    (result,) = drain(lambda: spark, source)
+
+    assert loads == [loads[0], loads[0] + 1]  # decided again on the compaction's version
+    assert (result.inserted, result.dead_lettered_new, result.dead_letter_duplicates) == (1, 1, 1)
+    assert sorted(read_rows(source.dead_letter_path, ["record_id"])) == [("bad-0",), ("bad-1",), ("bad-2",)]
+    operations = [h["operation"] for h in spark.sql(f"DESCRIBE HISTORY delta.`{source.dead_letter_path}`").collect()]
+    assert operations[:2] == ["WRITE", "OPTIMIZE"]
 
 
 def test_a_recompute_beyond_retention_fails_saying_why(spark: SparkSession, tmp_path: Path, home: Path) -> None:

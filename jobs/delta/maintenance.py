@@ -10,6 +10,10 @@ for that long after the window closed. `maintain` then
 - compacts each window table whole: every window step's MERGE adds a small file (1,440 a day for 1-minute
   windows), and a new driver's first MERGE loads them all (33 s at 10,000 files, 11 s at 100: a classic run's
   window step). A window MERGE that loses a race with it merges again, and so does the compaction;
+- compacts the dead-letter table whole (it is not partitioned): a batch with one bad record adds a file to it. A
+  dead-letter append decided on the version before a compaction fails and is decided again, like any append that
+  lost a race (`onceflow.jobs.ingest.batch_commit.commit_once`); the ID filters skip a compaction's files, which
+  hold rows already counted (`onceflow.jobs.dedup.log_ids`);
 - vacuums every table with exactly that retention: files removed within it stay, so every version within it
   stays readable;
 - removes the staging logs that appends over Spark Connect killed mid-write left (`onceflow.jobs.delta.staging`),
@@ -58,7 +62,7 @@ def maintain(
         if name == "raw" and horizon_floor_ms is not None:
             below = horizon_floor_ms // bucket_ms(path)
             spark.sql(f"OPTIMIZE delta.`{path}` WHERE time_bucket < {below}")
-        whole = name not in ("raw", "dead_letter")
+        whole = name != "raw"
         if whole:
             _compact(spark, path)
         _vacuum(spark, path, hours)
@@ -67,7 +71,7 @@ def maintain(
 
 
 def _compact(spark: SparkSession, path: str) -> None:
-    """OPTIMIZE a window table, again when a window MERGE committed first (the MERGE, losing, retries itself)."""
+    """OPTIMIZE a table whole, again when a writer committed first (a writer that loses to it retries itself)."""
     for attempt in range(COMPACT_TRIES):
         try:
             spark.sql(f"OPTIMIZE delta.`{path}`")
