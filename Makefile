@@ -60,7 +60,9 @@ chaos: setup
 dev: setup
 	DAGSTER_HOME=$(ONCEFLOW_HOME)/dagster $(BIN)/onceflow dev $(DEV_ARGS)
 
+# The demo first: sensor tick -> commit needs Dagster's daemon and run launcher; the bench reports the demo's figures.
 bench: setup
+	$(BIN)/onceflow demo --source pubsub
 	$(BIN)/python -m bench.run
 
 lint: setup

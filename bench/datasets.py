@@ -124,6 +124,6 @@ def write_events(directory: Path, events: int, files: int, seed: int = 7) -> Wri
 
 CLEAN = Dataset(
     name="clean", pipeline_name="events", schema=EVENTS_SCHEMA, id_field="event_id", time_field="event_time",
-    time_as_millis=True, default_events=200_000, generate=write_events,
+    time_as_millis=True, default_events=300_000, generate=write_events,
     description="events {key, value} with epoch-millisecond times + 10% publisher retries",
 )

@@ -14,9 +14,9 @@ its topic and subscriptions (`open_source(...).reader.ensure()`). On `bench.run`
 - Drain: publish `--latency-drain-events` events (not timed), then time `run_micro_batch` from the first call to
   the return of the last one that ingested something: `landed_records_per_s` = records / those seconds.
 
-Sensor tick -> commit needs Dagster's daemon and run launcher; `onceflow demo` (`make demo`) measures it and
-leaves it in `bench/results/demo_latency.json`, which is reported here with when it was measured (null when no
-demo has run on this checkout).
+Sensor tick -> commit needs Dagster's daemon and run launcher; `onceflow demo` measures it and leaves it in
+`bench/results/demo_latency.json`, which is reported here with when it was measured. `make bench` runs the demo
+first (null here when `bench.run` runs alone on a checkout where no demo has run).
 """
 
 from __future__ import annotations

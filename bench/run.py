@@ -11,7 +11,8 @@ design: a year of real departures, `bench.flights`), the same JSON-lines files a
 
 After two discarded warm-up rounds of every contender on the same data, the rounds alternate all contenders, in that
 order and then in reverse (see `run_contenders`), each run starting once the disk has written back the runs
-before it (`os.sync`) and their garbage is collected (the JVM's and Python's); each figure is the median records/s per contender. Only the ingest itself is timed (see
+before it (`os.sync`), their garbage is collected (the JVM's and Python's) and the JIT compilations they queued
+are done; each figure is the median records/s per contender. Only the ingest itself is timed (see
 each module). After
 each timed run of `exactly_once` and of the streams, the last batch is replayed as after a crash between the sink
 commit and the checkpoint update, and the duplicates the table then holds are counted (not timed). Every table
@@ -154,21 +155,41 @@ def replay_last_batch(spark: SparkSession, files: Source, home: Path) -> dict[st
     }
 
 
+def _compilers_settle(spark: SparkSession, quiet_ms: int = 10, window_s: float = 0.5, most_s: float = 30.0) -> float:
+    """Wait until the JVM's JIT compilers have been nearly idle (at most `quiet_ms` of compilation in `window_s`),
+    at most `most_s`; the seconds waited. The compilations the runs before queued (and the checks of their tables)
+    are theirs: finishing during the next run, they took its CPU, bursts of 0.2-3 s that landed on one contender or
+    another."""
+    compilation = spark._jvm.java.lang.management.ManagementFactory.getCompilationMXBean()
+    start = time.perf_counter()
+    before = compilation.getTotalCompilationTime()
+    while time.perf_counter() - start < most_s:
+        time.sleep(window_s)
+        now = compilation.getTotalCompilationTime()
+        if now - before <= quiet_ms:
+            break
+        before = now
+    return time.perf_counter() - start
+
+
 def run_one(
     spark: SparkSession, contender: str, source: Source, work: Path, round_no: int, replay: bool, judge: Judge
 ) -> dict[str, Any]:
     """One checked run of `contender` over `source`; the JSON-ready record of it."""
     # The disk's write-back of the runs before is done first: onceflow's checkpoints fsync, and would otherwise wait
     # for the files another contender just wrote or deleted. And the garbage of the runs before is collected (the
-    # JVM's and Python's) rather than left for whichever contender runs next to pay for.
+    # JVM's and Python's), and the JIT compilations they queued finished, rather than left for whichever contender
+    # runs next to pay for.
     os.sync()
     spark._jvm.System.gc()
     gc.collect()
+    compiling = _compilers_settle(spark)
     if contender not in ONCEFLOW:
         run = peer.run_contender(spark, contender, source, work, round_no, replay=replay,
                                  examine=lambda table: judge.peer(contender, round_no, table))
         peer.check(run, source)
-        record = {**asdict(run), "records_per_s": run.records_per_s, "same_rows": run.examined}
+        record = {**asdict(run), "records_per_s": run.records_per_s, "same_rows": run.examined,
+                  "compilers_settled_s": compiling}
         record.pop("examined")
         return record
     home = Path(tempfile.mkdtemp(prefix=f"home-{contender}-", dir=work))
@@ -182,6 +203,7 @@ def run_one(
             "rows": drained.raw_rows, "distinct_ids": drained.raw_distinct_ids,
             "records_per_s": drained.records_per_s, "duplicates_after_replay": None, **asdict(drained),
             "same_rows": judge.onceflow(contender, round_no, tables.raw_path, tables.dead_letter_path),
+            "compilers_settled_s": compiling,
         }
         if replay and contender == "exactly_once":
             record.update(replay_last_batch(spark, source, home))
