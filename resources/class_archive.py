@@ -105,9 +105,10 @@ def remove_orphan_archives(directory: Path) -> None:
 def _dump(target: Path) -> None:
     """Run a driver through Delta's common work with `-XX:ArchiveClassesAtExit=target`; return once it exited."""
     # Imported here: the session module imports this one, to map the archive.
-    from onceflow.resources.spark import build_spark_session
+    from onceflow.resources.spark import ENGINE_CONF, build_spark_session
 
-    options = f"-XX:ArchiveClassesAtExit={target} {QUIET}"
+    # Dumped by a JVM with the engines' own options (their collector among them), as the drivers that map it run.
+    options = f"{ENGINE_CONF['spark.driver.extraJavaOptions']} -XX:ArchiveClassesAtExit={target} {QUIET}"
     spark = build_spark_session(app_name="onceflow-class-archive", conf={"spark.driver.extraJavaOptions": options})
     with tempfile.TemporaryDirectory() as work:
         table = f"delta.`{work}/t`"

@@ -39,7 +39,11 @@ ENGINE_CONF = {
     # Ingest caches each batch once, reads it twice and drops it: on a micro-batch, compressing it cost more than it
     # saved.
     "spark.sql.inMemoryColumnarStorage.compressed": "false",
-    "spark.driver.extraJavaOptions": "-Dlog4j2.level=warn",
+    # The parallel collector: a driver here is a throughput engine on a small heap, and G1's concurrent threads and
+    # write barriers took CPU from its two cores. Realistic exactly-once ran 5-10 % faster against the same peer
+    # (bench/run.py --dataset realistic, alternating runs: exactly-once ÷ peer medians 2.58 and 2.59 against 2.32
+    # and 1.93); a driver started no slower.
+    "spark.driver.extraJavaOptions": "-Dlog4j2.level=warn -XX:+UseParallelGC",
     # Spark keeps 100 plans' generated code by default: a warm engine serving many runs' batches, windows and checks
     # compiled the same plans again and again (Janino, then the JIT: half the engine's CPU). 2,000 entries cut
     # the wall time of the window and commit-sensor tests by 12 %.
