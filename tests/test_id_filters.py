@@ -241,7 +241,6 @@ def test_fingerprints_find_exactly_the_committed_ids(tmp_path: Path) -> None:
     for filters in (built, store.load(None)):
         assert sorted(filters.buckets) == [0, 1, 2] and sum(b.count for b in filters.buckets.values()) == len(ids)
         never = [f"01{tail}-zzz", f"{tail}\U0001f601", "", "00"]
-        # A few IDs are searched bucket by bucket; as many as the buckets hold, in all buckets' prints at once.
         for asked in (ids[::-7], ids[::-1]):
             seen = filters.seen(id_hashes(pa.array(never[:2] + asked + never[2:])))
             assert seen.tolist() == [False] * 2 + [True] * len(asked) + [False] * 2
@@ -250,3 +249,48 @@ def test_fingerprints_find_exactly_the_committed_ids(tmp_path: Path) -> None:
     asked = Fingerprints(np.array([5, 5, 5, 5, 7, 7, 6], np.uint64), np.array([3, 2, 1, 9, 4, 1, 1], np.uint64))
     assert bucket.contains(asked).tolist() == [True, True, True, False, True, False, False]
     assert BucketFilter.from_bytes(bucket.to_bytes()).contains(asked).tolist() == bucket.contains(asked).tolist()
+
+
+def test_filters_answer_for_every_id_added_as_they_are_added_dropped_and_refilled() -> None:
+    """The filters' one sorted run of every bucket (and its recent additions, kept apart until they are a sixteenth
+    of it) answers as the buckets do: checked against the IDs themselves through adds, drops below the horizon and
+    a refilled bucket, asking for IDs held, IDs gone and IDs never added, many sharing a first half."""
+    from onceflow.jobs.dedup.id_filters import Fingerprints, IdFilters
+
+    rng = np.random.default_rng(7)
+    filters, held, gone = IdFilters(version=0), {}, set()  # held: fingerprint -> bucket, the model
+
+    def prints(n: int) -> Fingerprints:
+        return Fingerprints(rng.integers(0, 5000, n).astype(np.uint64), rng.integers(0, 2**63, n, dtype=np.uint64))
+
+    def of(pairs: list[tuple[int, int]]) -> Fingerprints:
+        return Fingerprints(*(np.array(half, np.uint64) for half in zip(*pairs, strict=True)))
+
+    def add(new: Fingerprints, buckets: np.ndarray) -> None:
+        filters.add(new, buckets)
+        held.update({(int(a), int(b)): int(k) for a, b, k in zip(new.first, new.second, buckets, strict=True)})
+
+    def drop(kept: Callable[[tuple[int, int], int], bool]) -> None:
+        nonlocal held
+        gone.update(p for p, k in held.items() if not kept(p, k))
+        held = {p: k for p, k in held.items() if kept(p, k)}
+
+    def ask() -> None:
+        asked = Fingerprints.concat([prints(40), of(list(held)[-60:]), *([of(sorted(gone)[:60])] if gone else [])])
+        want = [(int(a), int(b)) in held for a, b in zip(asked.first, asked.second, strict=True)]
+        assert filters.seen(asked).tolist() == want
+
+    add(prints(3000), rng.integers(0, 10, 3000))
+    ask()  # the run is made here, and kept up to date after
+    for step in range(40):
+        new = prints(int(rng.integers(1, 60)))
+        add(new, rng.integers(step // 4, step // 4 + 10, len(new)))
+        if step % 7 == 6:
+            filters.drop_below(step // 4)
+            drop(lambda p, k, floor=step // 4: k >= floor)
+        if step == 20:
+            kept = sorted(p for p, k in held.items() if k == 9 and p[1] % 2)
+            filters.refill(9, BucketFilter.of(of(kept)))
+            drop(lambda p, k, kept=set(kept): k != 9 or p in kept)
+        ask()
+    assert sum(f.count for f in filters.buckets.values()) == len(held)

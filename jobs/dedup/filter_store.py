@@ -81,8 +81,7 @@ class IdFilterStore:
         filters.caught_up, filters.version = latest - filters.version, latest
         for bucket in emptied & set(filters.buckets):  # refilled from what the table holds now
             refill = [(self.bucketing.partition, "=", bucket)]
-            filters.buckets[bucket] = self._filled(latest, refill).get(bucket, BucketFilter())
-            filters.unsaved.add(bucket)
+            filters.refill(bucket, self._filled(latest, refill).get(bucket, BucketFilter()))
         return filters
 
     def release(self, filters: IdFilters) -> None:

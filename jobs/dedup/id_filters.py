@@ -3,8 +3,9 @@
 The raw table is the dedup catalog; looking a batch up in it costs a scan of every record ID inside the dedup
 horizon, which grows with the table. These filters keep that cost flat: per time bucket of the raw table, the
 sorted 128-bit fingerprints of the record IDs committed in it, all stamped with the one table version they
-reflect. A batch's IDs are searched in every bucket's fingerprints (a binary search each: the cost grows with the
-log of the horizon's size, not with the rows, wherever in the horizon a repeat comes from).
+reflect. A batch's IDs are searched in all buckets' fingerprints at once, kept in one sorted run (a binary search
+each: the cost grows with the log of the horizon's size, not with the rows, wherever in the horizon a repeat comes
+from).
 
 A fingerprint is two independent keyed 64-bit SipHash-2-4 values of the ID's UTF-8 bytes. Two distinct IDs share
 one with probability 2^-128, so a batch of b fresh IDs checked against n committed ones takes one for a repeat with
@@ -91,15 +92,28 @@ def hash_test_vector() -> list[int]:
     return [int(h) for pair in zip(prints.first, prints.second, strict=True) for h in pair]
 
 
-@dataclass
 class BucketFilter:
-    """The fingerprints of the IDs committed in one time bucket, sorted by their first half (repeats kept)."""
+    """The fingerprints of the IDs committed in one time bucket, sorted by their first half (repeats kept).
 
-    prints: Fingerprints = field(default_factory=lambda: Fingerprints.concat([]))
+    IDs added wait beside the sorted run and are merged into it only when the bucket is read whole (saved, or
+    searched on its own): adding a batch's IDs costs their number, not the bucket's (a copy of a full bucket per
+    batch grew with the table)."""
+
+    def __init__(self, prints: Fingerprints | None = None) -> None:
+        self._sorted = prints if prints is not None else Fingerprints.concat([])
+        self._added: list[Fingerprints] = []
+
+    @property
+    def prints(self) -> Fingerprints:
+        """Every fingerprint, sorted by its first half."""
+        if self._added:
+            self._sorted, _ = _merged(self._sorted, BucketFilter.of(Fingerprints.concat(self._added)).prints)
+            self._added = []
+        return self._sorted
 
     @property
     def count(self) -> int:
-        return len(self.prints)
+        return len(self._sorted) + sum(len(added) for added in self._added)
 
     @classmethod
     def of(cls, prints: Fingerprints) -> BucketFilter:
@@ -107,16 +121,13 @@ class BucketFilter:
         return cls(prints.take(order))
 
     def add(self, prints: Fingerprints) -> None:
-        """Merge new fingerprints in: one sort of the new ones and one pass over the bucket's."""
-        new = BucketFilter.of(prints).prints
-        at = np.searchsorted(self.prints.first, new.first)
-        self.prints = Fingerprints(np.insert(self.prints.first, at, new.first),
-                                   np.insert(self.prints.second, at, new.second))
+        self._added.append(prints)
 
     def contains(self, prints: Fingerprints) -> np.ndarray:
         """Whether each fingerprint is in the bucket (a boolean per fingerprint); fastest with `prints` sorted by
         their first half, as each search then starts where the last one ended."""
-        held, size = self.prints, len(self.prints)
+        held = self.prints
+        size = len(held)
         if not size:
             return np.zeros(len(prints), dtype=bool)
         start = np.searchsorted(held.first, prints.first)
@@ -141,6 +152,37 @@ class BucketFilter:
             raise ValueError("a bucket's fingerprints are pairs of 64-bit words")
         half = len(words) // 2
         return cls(Fingerprints(words[:half].copy(), words[half:].copy()))
+
+
+def _merged(held: Fingerprints, new: Fingerprints) -> tuple[Fingerprints, np.ndarray]:
+    """Two runs sorted by first half as one (each of `new` after `held`'s equal keys), in one pass over both; and
+    where in `held` each of `new` went."""
+    at = np.searchsorted(held.first, new.first, side="right")
+    return Fingerprints(np.insert(held.first, at, new.first), np.insert(held.second, at, new.second)), at
+
+
+@dataclass(frozen=True)
+class _Index:
+    """Fingerprints of several buckets in one run sorted by first half, with each one's bucket (`owners`)."""
+
+    prints: Fingerprints
+    owners: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.owners)
+
+    @classmethod
+    def of(cls, prints: Fingerprints, owners: np.ndarray) -> _Index:
+        order = np.argsort(prints.first, kind="stable")
+        return cls(prints.take(order), owners[order])
+
+    def merged(self, other: _Index) -> _Index:
+        prints, at = _merged(self.prints, other.prints)
+        return _Index(prints, np.insert(self.owners, at, other.owners))
+
+    def from_bucket(self, floor_bucket: int) -> _Index:
+        keep = self.owners >= floor_bucket
+        return _Index(self.prints.take(keep), self.owners[keep])
 
 
 class FilterManifest(BaseModel):
@@ -174,22 +216,26 @@ class IdFilters:
     caught_up: int = 0
     base: FilterManifest | None = None
     unsaved: set[int] = field(default_factory=set)
+    _index: _Index | None = field(default=None, repr=False, compare=False)
+    """Every bucket's fingerprints in one sorted run, made at the first `seen`, and those added since (`_recent`),
+    merged into it once they are a sixteenth of it: a batch's IDs are searched twice, not once per bucket (20
+    searches of 25,000 IDs took 25 ms at 1 M IDs and 37 ms at 10 M; two take 3 and 10), and an add costs about
+    its own size."""
+    _recent: _Index | None = field(default=None, repr=False, compare=False)
 
     def seen(self, prints: Fingerprints) -> np.ndarray:
         """Which IDs the table held at `version` in the buckets covered (a boolean per ID), whatever bucket each
         was committed in: an ID's bucket follows its event time, which a producer's retry may have changed."""
-        held = sum(bucket.count for bucket in self.buckets.values())
-        if len(self.buckets) * len(prints) > held:
-            # Many buckets for what they hold (a horizon of hours, each with few IDs; a backfill of a year): one
-            # sort of all their fingerprints costs less than a search of every ID in every bucket.
-            return BucketFilter.of(Fingerprints.concat([b.prints for b in self.buckets.values()])).contains(prints)
+        if self._index is None:
+            held = {bucket: f.prints for bucket, f in self.buckets.items()}
+            owners = [np.full(len(p), bucket, np.int64) for bucket, p in held.items()]
+            self._index = _Index.of(Fingerprints.concat(list(held.values())),
+                                    np.concatenate(owners or [np.zeros(0, np.int64)]))
         order = np.argsort(prints.first, kind="stable")
-        pending, found = prints.take(order), np.zeros(len(prints), dtype=bool)
-        for bucket in self.buckets.values():
-            unseen = np.flatnonzero(~found)  # still sorted: each bucket is searched in order
-            if not len(unseen):
-                break
-            found[unseen] = bucket.contains(pending.take(unseen))
+        pending = prints.take(order)
+        found = BucketFilter(self._index.prints).contains(pending)
+        if self._recent is not None:
+            found |= BucketFilter(self._recent.prints).contains(pending)
         seen = np.empty_like(found)
         seen[order] = found
         return seen
@@ -203,11 +249,26 @@ class IdFilters:
         for bucket, part in zip(keys.tolist(), np.split(order, starts[1:]), strict=True):
             self.buckets.setdefault(bucket, BucketFilter()).add(prints.take(part))
             self.unsaved.add(bucket)
+        if self._index is not None:
+            added = _Index.of(prints, buckets.astype(np.int64))
+            self._recent = added if self._recent is None else self._recent.merged(added)
+            if len(self._recent) * 16 > len(self._index):
+                self._index, self._recent = self._index.merged(self._recent), None
+
+    def refill(self, bucket: int, refilled: BucketFilter) -> None:
+        """Replace a bucket's filter whole (its rows were removed from the table)."""
+        self.buckets[bucket] = refilled
+        self.unsaved.add(bucket)
+        self._index = self._recent = None  # made again from the buckets at the next `seen`
 
     def drop_below(self, floor_bucket: int | None) -> None:
         """Rolling: buckets below the dedup horizon are never looked up again."""
         if floor_bucket is not None:
-            for bucket in [b for b in self.buckets if b < floor_bucket]:
+            dropped = [b for b in self.buckets if b < floor_bucket]
+            for bucket in dropped:
                 del self.buckets[bucket]
+            if dropped and self._index is not None:
+                self._index = self._index.from_bucket(floor_bucket)
+                self._recent = None if self._recent is None else self._recent.from_bucket(floor_bucket)
             self.covered_from = floor_bucket if self.covered_from is None else max(self.covered_from, floor_bucket)
 
