@@ -21,9 +21,10 @@ of their medians moved from 0.7 to 1.5 between runs of the same commit with what
    file: first every batch of the home with the fast path, then every batch of the one without (interleaved, a
    fast-path batch after a 10 M-row MERGE paid for that MERGE's garbage, and the ratio measured the neighbour
    rather than the table's size). Each batch starts once the disk has written back the writes before it
-   (`os.sync`). Each `run_micro_batch` is timed (plan, read, validate, dedup, commit,
-   checkpoint): its own read too, as what the batch before read ahead (`onceflow.jobs.ingest.read_ahead`) is
-   dropped first. The figure per home is the median.
+   (`os.sync`). Each `run_micro_batch` is timed (plan, read, validate, dedup, commit, checkpoint): its own read
+   too, as what the batch before read ahead (`onceflow.jobs.ingest.read_ahead`) is dropped first; and with its
+   filters' upkeep (its new IDs added, the filters saved when due), which a process does beside its next batch:
+   timed without it, a batch paid for the other size's upkeep, run just before it. The figure per home is the median.
 5. Then `REDELIVERY_BATCHES` more batches per home, timed apart (`*_redelivery_s`, their median: one batch's
    time varied by a fifth from run to run): a tenth of each one's records are bulk-loaded records drawn from the
    whole horizon (a producer replaying random old records, a subscription seek: the repeats no recent commit
@@ -65,6 +66,7 @@ from bench.growth_data import (
     write_batches,
     write_redelivery,
 )
+from onceflow.jobs.dedup.filter_store import IdFilterStore
 from onceflow.jobs.dedup.id_filters import Fingerprints, id_hashes
 from onceflow.jobs.ingest.micro_batch import run_micro_batch
 from onceflow.jobs.sources.reader import SourceRuntime, open_source
@@ -176,6 +178,7 @@ def time_batch(spark: SparkSession, size: _Size, name: str, batch: int, log: Cal
     os.sync()  # the bulk load's and the batch before's writes are on disk: a checkpoint's fsync waits for none
     start = time.perf_counter()
     result = run_micro_batch(lambda: spark, source)
+    IdFilterStore.settle()  # this batch's own upkeep of its filters, not the next one's
     elapsed = time.perf_counter() - start
     if result is None or result.batch_id != batch or result.dead_lettered_total != BAD_PER_BATCH:
         raise BenchmarkError(f"table_growth {rows} {name}: batch {batch} gave {result}")

@@ -253,7 +253,7 @@ def test_fingerprints_find_exactly_the_committed_ids(tmp_path: Path) -> None:
 
 def test_filters_answer_for_every_id_added_as_they_are_added_dropped_and_refilled() -> None:
     """The filters' one sorted run of every bucket (and its recent additions, kept apart until they are a sixteenth
-    of it) answers as the buckets do: checked against the IDs themselves through adds, drops below the horizon and
+    of it) answers as the buckets searched one by one do: checked against the IDs themselves through adds, drops below the horizon and
     a refilled bucket, asking for IDs held, IDs gone and IDs never added, many sharing a first half."""
     from onceflow.jobs.dedup.id_filters import Fingerprints, IdFilters
 
@@ -281,7 +281,8 @@ def test_filters_answer_for_every_id_added_as_they_are_added_dropped_and_refille
         assert filters.seen(asked).tolist() == want
 
     add(prints(3000), rng.integers(0, 10, 3000))
-    ask()  # the run is made here, and kept up to date after
+    ask()  # bucket by bucket
+    filters.index()  # as a batch's upkeep makes it; kept up to date after
     for step in range(40):
         new = prints(int(rng.integers(1, 60)))
         add(new, rng.integers(step // 4, step // 4 + 10, len(new)))
@@ -292,5 +293,7 @@ def test_filters_answer_for_every_id_added_as_they_are_added_dropped_and_refille
             kept = sorted(p for p, k in held.items() if k == 9 and p[1] % 2)
             filters.refill(9, BucketFilter.of(of(kept)))
             drop(lambda p, k, kept=set(kept): k != 9 or p in kept)
+            ask()
+            filters.index()
         ask()
     assert sum(f.count for f in filters.buckets.values()) == len(held)

@@ -94,12 +94,14 @@ class IdFilterStore:
                 self._held[self.table_path] = filters
 
     def release_later(self, filters: IdFilters, upkeep: Callable[[IdFilters], None]) -> None:
-        """`upkeep(filters)` (a committed batch's IDs joining them), then `release`, beside what the process does
-        next: its next batch's `load` waits for them. A process killed before they finish loses nothing: the
-        filters are derived state, caught up from the log by whoever loads them next."""
+        """`upkeep(filters)` (a committed batch's IDs joining them), their one sorted run made if it is not
+        (`IdFilters.index`), then `release`, beside what the process does next: its next batch's `load` waits for
+        them. A process killed before they finish loses nothing: the filters are derived state, caught up from the
+        log by whoever loads them next."""
 
         def kept() -> None:
             upkeep(filters)
+            filters.index()
             self.release(filters)
 
         with self._held_lock:

@@ -217,28 +217,44 @@ class IdFilters:
     base: FilterManifest | None = None
     unsaved: set[int] = field(default_factory=set)
     _index: _Index | None = field(default=None, repr=False, compare=False)
-    """Every bucket's fingerprints in one sorted run, made at the first `seen`, and those added since (`_recent`),
-    merged into it once they are a sixteenth of it: a batch's IDs are searched twice, not once per bucket (20
-    searches of 25,000 IDs took 25 ms at 1 M IDs and 37 ms at 10 M; two take 3 and 10), and an add costs about
-    its own size."""
+    """Every bucket's fingerprints in one sorted run (`index`), and those added since (`_recent`), merged into it
+    once they are a sixteenth of it: a batch's IDs are searched twice, not once per bucket (20 searches of 25,000
+    IDs took 25 ms at 1 M IDs and 37 ms at 10 M; two take 5 and 11), and an add costs about its own size."""
     _recent: _Index | None = field(default=None, repr=False, compare=False)
 
     def seen(self, prints: Fingerprints) -> np.ndarray:
         """Which IDs the table held at `version` in the buckets covered (a boolean per ID), whatever bucket each
         was committed in: an ID's bucket follows its event time, which a producer's retry may have changed."""
+        order = np.argsort(prints.first, kind="stable")
+        pending = prints.take(order)
+        if self._index is None and len(self.buckets) * len(prints) > sum(b.count for b in self.buckets.values()):
+            # Many buckets for what they hold (a horizon of hours, each with few IDs; a backfill of a year): one
+            # sort of all their fingerprints costs less than a search of every ID in every bucket.
+            self.index()
+        if self._index is None:  # searched bucket by bucket until the one run is made (`index`)
+            found = np.zeros(len(prints), dtype=bool)
+            for bucket in self.buckets.values():
+                unseen = np.flatnonzero(~found)  # still sorted: each bucket is searched in order
+                if not len(unseen):
+                    break
+                found[unseen] = bucket.contains(pending.take(unseen))
+        else:
+            found = BucketFilter(self._index.prints).contains(pending)
+            if self._recent is not None:
+                found |= BucketFilter(self._recent.prints).contains(pending)
+        seen = np.empty_like(found)
+        seen[order] = found
+        return seen
+
+    def index(self) -> None:
+        """Make the one sorted run of every bucket's fingerprints (`_index`) unless it is made: beside a process's
+        batches (`onceflow.jobs.dedup.filter_store.IdFilterStore.release_later`), as for 10 M IDs it takes a
+        second that a batch would wait for."""
         if self._index is None:
             held = {bucket: f.prints for bucket, f in self.buckets.items()}
             owners = [np.full(len(p), bucket, np.int64) for bucket, p in held.items()]
             self._index = _Index.of(Fingerprints.concat(list(held.values())),
                                     np.concatenate(owners or [np.zeros(0, np.int64)]))
-        order = np.argsort(prints.first, kind="stable")
-        pending = prints.take(order)
-        found = BucketFilter(self._index.prints).contains(pending)
-        if self._recent is not None:
-            found |= BucketFilter(self._recent.prints).contains(pending)
-        seen = np.empty_like(found)
-        seen[order] = found
-        return seen
 
     def add(self, prints: Fingerprints, buckets: np.ndarray) -> None:
         """Add IDs to their buckets' filters."""
