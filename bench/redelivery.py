@@ -37,7 +37,7 @@ from deltalake import write_deltalake
 from bench.datasets import BenchmarkError
 from bench.memory import PeakRss
 from onceflow.jobs.dedup.filter_store import IdFilterStore
-from onceflow.jobs.dedup.id_filters import id_hashes
+from onceflow.jobs.dedup.fingerprints import id_hashes
 from onceflow.resources.object_store import open_store
 
 SIZES = (1_000_000, 10_000_000)

@@ -67,14 +67,14 @@ from bench.growth_data import (
     write_redelivery,
 )
 from onceflow.jobs.dedup.filter_store import IdFilterStore
-from onceflow.jobs.dedup.id_filters import Fingerprints, id_hashes
+from onceflow.jobs.dedup.fingerprints import Fingerprints, id_hashes
 from onceflow.jobs.ingest.micro_batch import run_micro_batch
 from onceflow.jobs.sources.reader import SourceRuntime, open_source
 from onceflow.resources.lake import LakeResource
 
 SIZES = (1_000_000, 10_000_000)
 BATCHES = 8  # a batch's time varies by a third from batch to batch: the median of 4 moved the ratio by 0.3
-REDELIVERY_BATCHES = 5
+REDELIVERY_BATCHES = 9  # the median of 5 moved the ratio by 0.3 between runs: one batch in five ran a third slower
 BATCH_RECORDS = 25_000
 WARMUP_ROWS = 10_000
 VARIANTS = ("with", "without")

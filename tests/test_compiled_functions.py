@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pyarrow as pa
 
-from onceflow.jobs.dedup.id_filters import id_hash_sql, id_hashes
+from onceflow.jobs.dedup.fingerprints import id_hash_sql, id_hashes
 from onceflow.orchestration.local_stack import PROJECT_ROOT
 from tests.conftest import require
 

@@ -19,7 +19,8 @@ from pyspark.sql import SparkSession
 
 from onceflow.jobs.dedup import filter_store as id_filter_store
 from onceflow.jobs.dedup.filter_store import IdFilterStore
-from onceflow.jobs.dedup.id_filters import BucketFilter, id_hashes
+from onceflow.jobs.dedup.fingerprints import id_hashes
+from onceflow.jobs.dedup.id_filters import BucketFilter
 from onceflow.jobs.ingest.micro_batch import run_micro_batch
 from onceflow.jobs.sources.reader import SourceRuntime, open_source
 from onceflow.orchestration.workload import Event, expected_raw, make_events
@@ -226,7 +227,7 @@ def test_fingerprints_find_exactly_the_committed_ids(tmp_path: Path) -> None:
     import pyarrow as pa
     from deltalake import write_deltalake
 
-    from onceflow.jobs.dedup.id_filters import Fingerprints
+    from onceflow.jobs.dedup.fingerprints import Fingerprints
     from onceflow.resources.object_store import open_store
 
     path = str(tmp_path / "raw")
@@ -251,11 +252,37 @@ def test_fingerprints_find_exactly_the_committed_ids(tmp_path: Path) -> None:
     assert BucketFilter.from_bytes(bucket.to_bytes()).contains(asked).tolist() == bucket.contains(asked).tolist()
 
 
-def test_filters_answer_for_every_id_added_as_they_are_added_dropped_and_refilled() -> None:
+def test_a_search_through_a_runs_sample_lands_where_a_binary_search_does() -> None:
+    """The first position at or after each key, in runs of many repeats and none, of every length around the
+    sample's stride, for keys before, among, between and after the run's."""
+    from onceflow.jobs.dedup import id_filters
+
+    rng = np.random.default_rng(3)
+    for size in (1, 2, 63, 64, 65, 128, 1000, 4097):
+        for spread in (3, 10**6):
+            first = np.sort(rng.integers(10, 10 + spread, size).astype(np.uint64))
+            keys = np.sort(np.concatenate([first[rng.integers(0, size, 50)], rng.integers(0, 20 + spread, 50)]
+                                          ).astype(np.uint64))
+            keys = np.concatenate([np.array([0], np.uint64), keys, np.array([2**64 - 1], np.uint64)])
+            sample = first[:: id_filters._SAMPLE_EVERY].copy()
+            found = id_filters._first_at_least(first, keys, sample)
+            assert found.tolist() == np.searchsorted(first, keys).tolist(), (size, spread)
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["binary search", "through a sample"])
+def test_filters_answer_for_every_id_added_as_they_are_added_dropped_and_refilled(
+    sampled: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The filters' one sorted run of every bucket (and its recent additions, kept apart until they are a sixteenth
     of it) answers as the buckets searched one by one do: checked against the IDs themselves through adds, drops below the horizon and
-    a refilled bucket, asking for IDs held, IDs gone and IDs never added, many sharing a first half."""
-    from onceflow.jobs.dedup.id_filters import Fingerprints, IdFilters
+    a refilled bucket, asking for IDs held, IDs gone and IDs never added, many sharing a first half. Runs are
+    searched as big ones are too, through every 64th first half, when `sampled`."""
+    from onceflow.jobs.dedup import id_filters
+    from onceflow.jobs.dedup.fingerprints import Fingerprints
+    from onceflow.jobs.dedup.id_filters import IdFilters
+
+    if sampled:
+        monkeypatch.setattr(id_filters, "_SAMPLED_FROM", 0)
 
     rng = np.random.default_rng(7)
     filters, held, gone = IdFilters(version=0), {}, set()  # held: fingerprint -> bucket, the model

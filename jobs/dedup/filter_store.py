@@ -15,15 +15,8 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from onceflow.jobs.dedup.buckets import TIME_BUCKETS, Bucketing
-from onceflow.jobs.dedup.id_filters import (
-    SCHEME,
-    BucketFilter,
-    FilterManifest,
-    Fingerprints,
-    IdFilters,
-    hash_test_vector,
-    id_hashes,
-)
+from onceflow.jobs.dedup.fingerprints import Fingerprints, hash_test_vector, id_hashes
+from onceflow.jobs.dedup.id_filters import SCHEME, BucketFilter, FilterManifest, IdFilters
 from onceflow.jobs.dedup.log_ids import changes_since
 from onceflow.resources.delta_storage import table_snapshot
 from onceflow.resources.object_store import ObjectStore

@@ -18,7 +18,8 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
 from onceflow.jobs.dedup.filter_store import IdFilterStore
-from onceflow.jobs.dedup.id_filters import Fingerprints, IdFilters
+from onceflow.jobs.dedup.fingerprints import Fingerprints
+from onceflow.jobs.dedup.id_filters import IdFilters
 from onceflow.jobs.delta.commit_log import committed_metrics, holds_batch, own_commit_version, rows_appended
 from onceflow.jobs.delta.transactions import append_once, delta_transaction, is_concurrent_commit
 from onceflow.jobs.sources.checkpoint import BatchPlan

@@ -31,8 +31,9 @@ from pyspark.sql import SparkSession
 
 from onceflow.jobs.declare.record_contract import RecordContract
 from onceflow.jobs.dedup.filter_store import IdFilterStore
+from onceflow.jobs.dedup.fingerprints import ID_HASH_COLUMNS, batch_fingerprints
 from onceflow.jobs.dedup.first_records import first_ids
-from onceflow.jobs.dedup.id_filters import ID_HASH_COLUMNS, IdFilters, batch_fingerprints
+from onceflow.jobs.dedup.id_filters import IdFilters
 from onceflow.jobs.delta.commit_log import ATTEMPT_KEY
 from onceflow.jobs.delta.transactions import append_once, latest_version
 from onceflow.jobs.ingest.batch_commit import Written, append_new, commit_on_filters, merge_once

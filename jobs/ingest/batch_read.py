@@ -21,8 +21,8 @@ from pyspark.sql import types as T
 
 from onceflow.jobs.declare.record_contract import RecordContract
 from onceflow.jobs.declare.schema import has_variant, quoted
+from onceflow.jobs.dedup.fingerprints import ID_HASH_COLUMNS, id_hash_sql
 from onceflow.jobs.dedup.first_records import without_ordinals
-from onceflow.jobs.dedup.id_filters import ID_HASH_COLUMNS, id_hash_sql
 from onceflow.jobs.delta.raw_table import DEAD_LETTER_SCHEMA, bucket_of, ensure_raw_table, raw_schema
 from onceflow.jobs.delta.transactions import begin_append, create_table_once, table_properties
 from onceflow.jobs.ingest.dead_letters import COLUMNS as DEAD_LETTER_COLUMNS

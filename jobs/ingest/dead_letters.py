@@ -25,8 +25,9 @@ from pyspark.sql import SparkSession
 from onceflow.jobs.declare.record_contract import RecordContract
 from onceflow.jobs.dedup.buckets import BATCH_RANGES
 from onceflow.jobs.dedup.filter_store import IdFilterStore
+from onceflow.jobs.dedup.fingerprints import id_hashes
 from onceflow.jobs.dedup.first_records import first_ids
-from onceflow.jobs.dedup.id_filters import IdFilters, id_hashes
+from onceflow.jobs.dedup.id_filters import IdFilters
 from onceflow.jobs.delta.arrow_append import append_arrow_once
 from onceflow.jobs.ingest.batch_commit import Written, commit_on_filters, commit_once
 from onceflow.jobs.ingest.result import IngestResult
