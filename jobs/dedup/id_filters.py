@@ -59,7 +59,7 @@ class BucketFilter:
 
     @classmethod
     def of(cls, prints: Fingerprints) -> BucketFilter:
-        order = np.argsort(prints.first, kind="stable")
+        order = np.argsort(prints.first)
         return cls(prints.take(order))
 
     def add(self, prints: Fingerprints) -> None:
@@ -144,7 +144,7 @@ class _Index:
 
     @classmethod
     def of(cls, prints: Fingerprints, owners: np.ndarray) -> _Index:
-        order = np.argsort(prints.first, kind="stable")
+        order = np.argsort(prints.first)
         return cls(prints.take(order), owners[order])
 
     def merged(self, other: _Index) -> _Index:
@@ -196,7 +196,7 @@ class IdFilters:
     def seen(self, prints: Fingerprints) -> np.ndarray:
         """Which IDs the table held at `version` in the buckets covered (a boolean per ID), whatever bucket each
         was committed in: an ID's bucket follows its event time, which a producer's retry may have changed."""
-        order = np.argsort(prints.first, kind="stable")
+        order = np.argsort(prints.first)
         pending = prints.take(order)
         if self._index is None and len(self.buckets) * len(prints) > sum(b.count for b in self.buckets.values()):
             # Many buckets for what they hold (a horizon of hours, each with few IDs; a backfill of a year): one
