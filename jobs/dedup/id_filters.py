@@ -49,7 +49,8 @@ class BucketFilter:
     def prints(self) -> Fingerprints:
         """Every fingerprint, sorted by its first half."""
         if self._added:
-            self._sorted, _ = _merged(self._sorted, BucketFilter.of(Fingerprints.concat(self._added)).prints)
+            added = BucketFilter.of(Fingerprints.concat(self._added)).prints
+            self._sorted = Fingerprints(*_merged((self._sorted.first, self._sorted.second), (added.first, added.second)))
             self._added = []
         return self._sorted
 
@@ -121,11 +122,19 @@ def _first_at_least(first: np.ndarray, keys: np.ndarray, sample: np.ndarray | No
     return lo
 
 
-def _merged(held: Fingerprints, new: Fingerprints) -> tuple[Fingerprints, np.ndarray]:
-    """Two runs sorted by first half as one (each of `new` after `held`'s equal keys), in one pass over both; and
-    where in `held` each of `new` went."""
-    at = np.searchsorted(held.first, new.first, side="right")
-    return Fingerprints(np.insert(held.first, at, new.first), np.insert(held.second, at, new.second)), at
+def _merged(held: tuple[np.ndarray, ...], new: tuple[np.ndarray, ...]) -> list[np.ndarray]:
+    """Two runs sorted by their first array (fingerprints' first halves) as one, each of `new` after `held`'s equal
+    keys; the other arrays (second halves, owners) follow their keys. One pass over both runs: placed by one mask
+    for every array (`np.insert` made a mask per array, and a merge cost a fifth more)."""
+    spots = np.searchsorted(held[0], new[0], side="right") + np.arange(len(new[0]))
+    from_held = np.ones(len(held[0]) + len(new[0]), dtype=bool)
+    from_held[spots] = False
+    merged = []
+    for old, added in zip(held, new, strict=True):
+        both = np.empty(len(from_held), dtype=old.dtype)
+        both[spots], both[from_held] = added, old
+        merged.append(both)
+    return merged
 
 
 @dataclass(frozen=True)
@@ -148,8 +157,9 @@ class _Index:
         return cls(prints.take(order), owners[order])
 
     def merged(self, other: _Index) -> _Index:
-        prints, at = _merged(self.prints, other.prints)
-        return _Index(prints, np.insert(self.owners, at, other.owners))
+        first, second, owners = _merged((self.prints.first, self.prints.second, self.owners),
+                                        (other.prints.first, other.prints.second, other.owners))
+        return _Index(Fingerprints(first, second), owners)
 
     def from_bucket(self, floor_bucket: int) -> _Index:
         keep = self.owners >= floor_bucket

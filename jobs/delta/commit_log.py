@@ -12,7 +12,7 @@ from deltalake.exceptions import TableNotFoundError
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from onceflow.resources.delta_storage import table_snapshot
+from onceflow.resources.delta_storage import table_files, table_snapshot
 
 ATTEMPT_KEY = "onceflow_attempt"
 """Commit metadata naming the attempt that wrote the commit: which of two concurrent attempts at one batch won."""
@@ -80,16 +80,21 @@ def own_commit_version(path: str, metadata: dict[str, Any], after: int) -> int:
 
 
 def committed_next(path: str, after: int, keys: tuple[str, ...], metadata: dict[str, Any]) -> bool:
-    """Whether the table's latest commit is version `after + 1` and carried `metadata`'s values of `keys`: then no
-    other writer committed since version `after`."""
-    table = table_snapshot(path)
-    if table.version() != after + 1:
-        return False
+    """Whether the table's commit `after + 1` carried `metadata`'s values of `keys`: then no other writer committed
+    between version `after` and it. Read from that commit's own file in the log (one read, where loading the table
+    read its log since the last checkpoint); a file that cannot be read says no, which costs only work redone."""
+    files, root = table_files(path)
     try:
-        last = json.loads(table.history(1)[0].get("userMetadata") or "{}")
+        with files.open_input_stream(f"{root}/_delta_log/{after + 1:020d}.json") as entries:
+            actions = [json.loads(line) for line in entries.read().splitlines() if line.strip()]
+    except OSError:  # not committed (yet), or unreadable now
+        return False
+    info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+    try:
+        carried = json.loads(info.get("userMetadata") or "{}")
     except json.JSONDecodeError:
         return False  # a commit made by someone else, with metadata of their own
-    return isinstance(last, dict) and all(last.get(key) == metadata[key] for key in keys)
+    return isinstance(carried, dict) and all(carried.get(key) == metadata[key] for key in keys)
 
 
 def committed_metrics(spark: SparkSession, path: str, metadata: dict[str, Any], lookback: int = 1000) -> dict[str, str]:

@@ -84,21 +84,26 @@ def commit_on_filters(
     `filters.version`, so that any commit since fails the append and the batch is decided again. Once committed,
     the new IDs join the filters beside what the process does next (`IdFilterStore.release_later`)."""
     store, floor = filters_of
-    prints, buckets = ids
-    held: list[tuple[IdFilters, np.ndarray]] = []  # the last try's filters, and which IDs they held
+    # Sorted by first half once, here: the search and the filters' runs each sort what they are given, which
+    # costs next to nothing once it is sorted.
+    order = np.argsort(ids[0].first)
+    prints, buckets = ids[0].take(order), ids[1][order]
+    held: list[tuple[IdFilters, np.ndarray]] = []  # the last try's filters, and which IDs they held (sorted)
 
     def attempt() -> int | None:
         while held:  # a retry: the last try's filters go back, to be caught up with the commit that beat it
             store.release(held.pop()[0])
         filters = store.load(floor)
-        seen = filters.seen(prints)
-        held.append((filters, seen))
+        found = filters.seen(prints)
+        held.append((filters, found))
+        seen = np.empty_like(found)
+        seen[order] = found
         return write(filters, seen)
 
     written = commit_once(spark, source, plan, path, metadata, attempt)
     if held:
-        filters, seen = held.pop()
-        new = None if written.replayed else (prints.take(~seen), buckets[~seen])
+        filters, found = held.pop()
+        new = None if written.replayed else (prints.take(~found), buckets[~found])
 
         def upkeep(filters: IdFilters) -> None:
             if new is not None:
