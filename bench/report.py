@@ -4,8 +4,8 @@ printed tables, one per data set.
 Every figure is a median over the timed rounds of one contender; every ratio is between two medians of the same
 run (same files, same Spark session and settings), or between two runs of the same round. A ratio whose
 contender did not run (`--only`) is null. `duplicates_after_replay` and `peak_rss_bytes` are the worst round's.
-Exactly-once ÷ at-least-once by round is of each mode's two runs in the round, placed A B ... B A (`bench.run`);
-the figures of single runs count only the first of them.
+Exactly-once ÷ at-least-once by round is of each mode's three runs in the round, placed A B ... B A A B
+(`bench.run`); the figures of single runs count only the first of them.
 """
 
 from __future__ import annotations
@@ -79,8 +79,8 @@ def round_ratios(summary: dict[str, dict[str, Any]], contender: str, other: str)
 
 
 def paired_mode_ratios(runs: list[dict[str, Any]]) -> list[float] | None:
-    """Exactly-once ÷ at-least-once per round, each mode's records over its seconds summed over its two runs of
-    the round; None unless both modes ran twice in every round."""
+    """Exactly-once ÷ at-least-once per round, each mode's records over its seconds summed over its runs of the
+    round; None unless both modes ran the same number of times, more than once, in every round."""
     by_round: dict[int, dict[str, list[dict[str, Any]]]] = {}
     for run in runs:
         by_round.setdefault(run["round"], {}).setdefault(run["contender"], []).append(run)
@@ -89,7 +89,7 @@ def paired_mode_ratios(runs: list[dict[str, Any]]) -> list[float] | None:
         return sum(r["records"] for r in mine) / sum(r["seconds"] for r in mine)
 
     pairs = [(modes.get("exactly_once", []), modes.get("at_least_once", [])) for _, modes in sorted(by_round.items())]
-    if not pairs or any(len(eo) != 2 or len(alo) != 2 for eo, alo in pairs):
+    if not pairs or any(len(eo) != len(alo) or len(eo) < 2 for eo, alo in pairs):
         return None
     return [rate(eo) / rate(alo) for eo, alo in pairs]
 
@@ -129,7 +129,8 @@ def dataset(config: Config, ran: dict[str, Any]) -> dict[str, Any]:
         "files": {**ran["files"], "count": config.files, "per_batch": config.files_per_batch},
         "order": f"{config.warm_ups} warm-up rounds (discarded), then {config.rounds} rounds of " + " ".join(summary)
         + ", reversed in even rounds"
-        + (", then exactly_once and at_least_once again in the reverse of that round's order" if paired else ""),
+        + (", then exactly_once and at_least_once again in the reverse of that round's order, then in its order"
+           if paired else ""),
         "exactly_once_ratio_by_round": by_round,
         "ingest_modes": {
             "exactly_once_rps": onceflow,
@@ -182,7 +183,7 @@ def table(result: dict[str, Any]) -> str:
                 lines.append(f"exactly_once ÷ {other}, round by round: " + " ".join(f"{r:.2f}" for r in by_round))
         paired = ran["ingest_modes"]["ratio_by_round"]
         if paired:
-            lines.append("exactly_once ÷ at_least_once, round by round, two runs each (A B ... B A): "
+            lines.append("exactly_once ÷ at_least_once, round by round, three runs each (A B ... B A A B): "
                          + " ".join(f"{r:.2f}" for r in paired))
         for contender, row in summary.items():
             same = row["same_rows"]
