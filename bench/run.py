@@ -72,6 +72,7 @@ from bench.redelivery import SIZES as REDELIVERY_SIZES
 from bench.redelivery import redelivery
 from bench.same_rows import Judge
 from bench.table_growth import BATCH_RECORDS, BATCHES, SIZES, parse_sizes, table_growth
+from onceflow.jobs.dedup.filter_store import IdFilterStore
 from onceflow.jobs.ingest.micro_batch import run_micro_batch
 from onceflow.jobs.sources.checkpoint import SourceCheckpoint
 from onceflow.jobs.sources.reader import open_source
@@ -209,6 +210,7 @@ def run_one(
             record.update(replay_last_batch(spark, source, home))
         return record
     finally:
+        IdFilterStore.forget()  # the filters of this run's tables, which go with its home, are not kept in memory
         shutil.rmtree(home, ignore_errors=True)
 
 

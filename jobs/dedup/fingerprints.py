@@ -51,15 +51,6 @@ def id_hash_sql(column: str = "record_id") -> tuple[str, ...]:
     return tuple(f"onceflow_id_hash({column}, '{key}') AS {name}" for key, name in zip(_HASH_KEYS, ID_HASH_COLUMNS, strict=True))
 
 
-def batch_fingerprints(ids: pa.Table) -> Fingerprints:
-    """The fingerprints of the (non-NULL) record IDs of `ids`: from its `ID_HASH_COLUMNS` where the batch's Spark
-    stage computed them, else hashed here."""
-    if ID_HASH_COLUMNS[0] not in ids.column_names:
-        return id_hashes(ids["record_id"])
-    first, second = (ids[name].to_numpy().view(np.uint64) for name in ID_HASH_COLUMNS)
-    return Fingerprints(first, second)
-
-
 _TEST_VECTOR_IDS = ("", "a", "events/files:0", "ünïcode-€-1", "0" * 64)
 
 

@@ -1,8 +1,9 @@
 """Which record of a batch is kept for each record ID: the first in landing order (its `ordinal`).
 
-A batch's valid records are deduplicated on the driver from a few of their columns (`first_ids`), and the rest
-dropped: by a mask where the batch's rows came to the driver whole (`onceflow.jobs.ingest.batch_read.BatchRead`),
-by ordinal in Spark (`without_ordinals`); its dead letters alike (`onceflow.jobs.ingest.dead_letters`).
+A batch's valid records are deduplicated on the driver from a few of their columns (`first_ids`; by their
+fingerprints, `first_prints`, for the ID filters), and the rest dropped: by a mask where the batch's rows came to
+the driver whole (`onceflow.jobs.ingest.batch_read.BatchRead`), by ordinal in Spark (`without_ordinals`); its dead
+letters alike (`onceflow.jobs.ingest.dead_letters`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+
+from onceflow.jobs.dedup.fingerprints import ID_HASH_COLUMNS, Fingerprints, id_hashes
 
 
 def first_ids(valid: pa.Table) -> tuple[pa.Table, np.ndarray]:
@@ -29,6 +32,33 @@ def first_ids(valid: pa.Table) -> tuple[pa.Table, np.ndarray]:
     kept = np.empty(len(order), bool)
     kept[order] = codes > seen_before
     return valid.filter(pa.array(kept)), kept
+
+
+def first_prints(valid: pa.Table) -> tuple[Fingerprints, np.ndarray]:
+    """The fingerprint of the first record of each ID of `valid` (rows with their `ordinal`, and the fingerprint
+    halves `ID_HASH_COLUMNS` where the batch's Spark stage computed them, else their `record_id`), sorted by first
+    half; and which rows of `valid` those records are (positions, in that order).
+
+    With the halves, rows are grouped by fingerprint, which stands for the ID (`onceflow.jobs.dedup.fingerprints`):
+    the one sort that orders them for the ID filters finds the repeats too, where grouping the ID strings cost as
+    much again. Without them, by `first_ids`, and the first records' IDs are hashed here."""
+    if ID_HASH_COLUMNS[0] not in valid.column_names:
+        firsts, kept = first_ids(valid)
+        prints = id_hashes(firsts["record_id"])
+        order = np.argsort(prints.first)
+        return prints.take(order), np.flatnonzero(kept)[order]
+    first, second = (valid[name].to_numpy().view(np.uint64) for name in ID_HASH_COLUMNS)
+    ordinals = valid["ordinal"].to_numpy()
+    order = np.argsort(first)
+    repeated = first[order][1:] == first[order][:-1]
+    if repeated.any():  # the rows of each repeated first half ordered by second half, then by landing order
+        runs = np.flatnonzero(np.concatenate(([False], repeated)) | np.concatenate((repeated, [False])))
+        rows = order[runs]
+        order[runs] = rows[np.lexsort((ordinals[rows], second[rows], first[rows]))]
+    first, second = first[order], second[order]
+    heads = np.ones(len(order), dtype=bool)
+    heads[1:] = (first[1:] != first[:-1]) | (second[1:] != second[:-1])
+    return Fingerprints(first[heads], second[heads]), order[heads]
 
 
 def without_ordinals(rows: DataFrame, ordinals: np.ndarray) -> DataFrame:

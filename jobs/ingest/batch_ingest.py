@@ -31,8 +31,8 @@ from pyspark.sql import SparkSession
 
 from onceflow.jobs.declare.record_contract import RecordContract
 from onceflow.jobs.dedup.filter_store import IdFilterStore
-from onceflow.jobs.dedup.fingerprints import ID_HASH_COLUMNS, batch_fingerprints
-from onceflow.jobs.dedup.first_records import first_ids
+from onceflow.jobs.dedup.fingerprints import ID_HASH_COLUMNS, Fingerprints
+from onceflow.jobs.dedup.first_records import first_ids, first_prints
 from onceflow.jobs.dedup.id_filters import IdFilters
 from onceflow.jobs.delta.commit_log import ATTEMPT_KEY
 from onceflow.jobs.delta.transactions import append_once, latest_version
@@ -83,18 +83,22 @@ def ingest_batch(
             result.raw_version = latest_version(source.raw_path)
             result.replayed, result.lost_race, result.inserted = written.replayed, written.lost_race, written.inserted
             return result
-        # The few columns the dedup reads are filtered, not the rows' payloads.
-        dedup_columns = ["record_id", "time_bucket", "ordinal", *(c for c in ID_HASH_COLUMNS if c in slim.column_names)]
-        firsts, kept = first_ids(slim.select(dedup_columns).filter(pc.is_null(slim["reason"])))
-        unique_count = firsts.num_rows
+        # The few columns the dedup reads are filtered, not the rows' payloads: the fingerprints stand for the IDs.
+        hashed = [c for c in ID_HASH_COLUMNS if c in slim.column_names]
+        valid = slim.select(["time_bucket", "ordinal", *(hashed or ["record_id"])]).filter(pc.is_null(slim["reason"]))
         if source.id_filters is None:
+            firsts, kept = first_ids(valid)
+            unique_count = firsts.num_rows
             unique = read.valid(~kept)
             horizon = _horizon(plan.horizon_floor_ms, pipeline.time_bucket_ms)
             dead_letters_first()
             written = merge_once(spark, source, plan, unique, source.raw_path, horizon, metadata)
         else:
-            written = _merge_with_filters(spark, source, source.id_filters, plan, read, (firsts, kept), metadata,
-                                          result, (begun, dead_letters_first))
+            prints, at = first_prints(valid)
+            unique_count = len(at)
+            firsts = (prints, valid["time_bucket"].to_numpy()[at], at, valid.num_rows)
+            written = _merge_with_filters(spark, source, source.id_filters, plan, read, firsts, metadata, result,
+                                          (begun, dead_letters_first))
             dead_letters_first()  # a replay appends nothing, so it did not wait for them
         result.duplicates_in_batch = valid_count - unique_count
         result.raw_version = latest_version(source.raw_path)
@@ -115,35 +119,33 @@ def _horizon(horizon_floor_ms: int | None, bucket_ms: int) -> str:
 
 def _merge_with_filters(
     spark: SparkSession, source: SourceRuntime, store: IdFilterStore, plan: BatchPlan, read: BatchRead,
-    dedup: tuple[pa.Table, np.ndarray], metadata: dict, result: IngestResult,
+    firsts: tuple[Fingerprints, np.ndarray, np.ndarray, int], metadata: dict, result: IngestResult,
     before: tuple[Future | None, Callable[[], None]],
 ) -> Written:
-    """Commit the first record of each ID of a batch's valid records (`dedup`: those firsts' `record_id,
-    time_bucket`, and which of the valid records they are) unless the table holds its ID, as the ID filters say;
-    then the batch's IDs join the filters. `before`: the append's transaction if begun, and what must be done before
-    the raw commit (the batch's dead letters committed).
+    """Commit the first record of each ID of a batch's valid records (`firsts`: their fingerprints, buckets and
+    positions among the batch's valid records, and how many those are) unless the table holds its ID, as the ID
+    filters say; then the batch's IDs join the filters. `before`: the append's transaction if begun, and what must
+    be done before the raw commit (the batch's dead letters committed).
 
     The append is made on the very table version the filters answered for, and any commit since, whatever its app
     id, makes it fail: then it is decided again against the filters caught up with that commit, and retried.
     """
-    ids, kept = dedup
-    firsts_at = np.flatnonzero(kept)
+    prints, buckets, at, valid_count = firsts
     floor = None if plan.horizon_floor_ms is None else plan.horizon_floor_ms // source.pipeline.time_bucket_ms
     begun, dead_letters_first = before
     transactions = iter([begun])  # the one begun ahead serves the first attempt; a retry starts afresh
 
     def append(filters: IdFilters, seen: np.ndarray) -> int | None:
         _count(filters, seen, result)
-        dropped = ~kept
-        dropped[firsts_at[seen]] = True  # one filter drops the batch's repeats and the IDs the table holds
+        dropped = np.ones(valid_count, dtype=bool)
+        dropped[at[~seen]] = False  # one filter drops the batch's repeats and the IDs the table holds
         rows = read.valid(dropped)
         dead_letters_first()
         written = append_once(rows, source.raw_path, source.app_id, plan.batch_id, metadata,
                               next(transactions, None), read_version=filters.version)
-        return ids.num_rows - int(seen.sum()) if written else None
+        return len(at) - int(seen.sum()) if written else None
 
-    fingerprints = (batch_fingerprints(ids), ids["time_bucket"].to_numpy())
-    return commit_on_filters(spark, source, plan, source.raw_path, metadata, (store, floor), fingerprints, append)
+    return commit_on_filters(spark, source, plan, source.raw_path, metadata, (store, floor), (prints, buckets), append)
 
 
 def _count(filters: IdFilters, seen: np.ndarray, result: IngestResult) -> None:
