@@ -3,6 +3,7 @@ options its scheme needs (`onceflow.resources.gcs`); and pyarrow's, for reading 
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections import OrderedDict
@@ -38,6 +39,14 @@ def table_files(uri: str) -> tuple[pafs.FileSystem, str]:
     emulator = urlsplit(host)
     files = pafs.GcsFileSystem(anonymous=True, scheme=emulator.scheme, endpoint_override=emulator.netloc)
     return files, uri.removeprefix("gs://")
+
+
+def commit_actions(uri: str, version: int) -> list[dict[str, Any]]:
+    """The actions of the table's commit `version`, read from its own file in the log (`FileNotFoundError`, an
+    `OSError`, when it has none)."""
+    files, root = table_files(uri)
+    with files.open_input_stream(f"{root}/_delta_log/{version:020d}.json") as entries:
+        return [json.loads(line) for line in entries.read().splitlines() if line.strip()]
 
 
 class _Held:

@@ -3,7 +3,6 @@ what commits changed, for the ID filters to catch up with them."""
 
 from __future__ import annotations
 
-import json
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -11,7 +10,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from onceflow.jobs.dedup.buckets import Bucketing
-from onceflow.resources.delta_storage import table_files
+from onceflow.resources.delta_storage import commit_actions, table_files
 
 
 def changes_since(
@@ -39,10 +38,7 @@ def changes_since(
 
 def _data_changes(table: DeltaTable, version: int) -> list[dict]:
     """A commit's `add` and `remove` actions that change the table's rows."""
-    files, root = table_files(table.table_uri)
-    with files.open_input_stream(f"{root}/_delta_log/{version:020d}.json") as entries:
-        actions = [json.loads(line) for line in entries.read().splitlines() if line.strip()]
-    return [a for a in actions
+    return [a for a in commit_actions(table.table_uri, version)
             if any(kind in a and a[kind].get("dataChange", True) for kind in ("add", "remove"))]
 
 

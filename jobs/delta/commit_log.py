@@ -12,7 +12,7 @@ from deltalake.exceptions import TableNotFoundError
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from onceflow.resources.delta_storage import table_files, table_snapshot
+from onceflow.resources.delta_storage import commit_actions, table_snapshot
 
 ATTEMPT_KEY = "onceflow_attempt"
 """Commit metadata naming the attempt that wrote the commit: which of two concurrent attempts at one batch won."""
@@ -83,10 +83,8 @@ def committed_next(path: str, after: int, keys: tuple[str, ...], metadata: dict[
     """Whether the table's commit `after + 1` carried `metadata`'s values of `keys`: then no other writer committed
     between version `after` and it. Read from that commit's own file in the log (one read, where loading the table
     read its log since the last checkpoint); a file that cannot be read says no, which costs only work redone."""
-    files, root = table_files(path)
     try:
-        with files.open_input_stream(f"{root}/_delta_log/{after + 1:020d}.json") as entries:
-            actions = [json.loads(line) for line in entries.read().splitlines() if line.strip()]
+        actions = commit_actions(path, after + 1)
     except OSError:  # not committed (yet), or unreadable now
         return False
     info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
