@@ -57,6 +57,7 @@ class Run:
     load_avg_1m_after: float
     rss_before_bytes: int
     peak_rss_bytes: int  # of the driver while timed (`bench.memory`)
+    stage_ms: list[dict[str, float]]  # each batch's, by stage (`onceflow.jobs.ingest.stage_times`)
 
     @property
     def records_per_s(self) -> float:
@@ -113,6 +114,7 @@ def drain_once(
             load_avg_1m_after=load_after,
             rss_before_bytes=rss.before,
             peak_rss_bytes=rss.peak,
+            stage_ms=[dict(r.times.ms) for r in results],
         )
     finally:
         if owned:

@@ -18,6 +18,7 @@ from typing import Any
 
 from bench import peer
 from bench.ingest_throughput import Config
+from bench.stages import stage_lines, stage_medians
 
 SPARK_SETTINGS = (
     "spark.master", "spark.driver.memory", "spark.sql.shuffle.partitions", "spark.sql.adaptive.enabled",
@@ -155,6 +156,7 @@ def dataset(config: Config, ran: dict[str, Any]) -> dict[str, Any]:
             "replay_failed_runs": failures,
         },
         "floor": {"onceflow_rps": onceflow, "floor_rps": rps("floor"), "fraction": _ratio(onceflow, rps("floor"))},
+        "batch_stages": stage_medians(runs),
         "contenders": summary,
         "runs": runs,
     }
@@ -185,6 +187,7 @@ def table(result: dict[str, Any]) -> str:
         if paired:
             lines.append("exactly_once ÷ at_least_once, round by round, three runs each (A B ... B A A B): "
                          + " ".join(f"{r:.2f}" for r in paired))
+        lines += stage_lines(ran.get("batch_stages", {}))
         for contender, row in summary.items():
             same = row["same_rows"]
             if same and (same["kept_dead_letters"] or same["other_rows"]):

@@ -63,6 +63,8 @@ def ingest_metadata(result: IngestResult) -> dict[str, Any]:
         metadata["max_event_time_ms"] = result.max_event_time_ms
     for name, value in (result.fast_path or {}).items():
         metadata[f"fast_path_{name}"] = value
+    for stage, ms in result.times.ms.items():  # where its time went (`onceflow.jobs.ingest.stage_times`)
+        metadata[f"{stage}_ms"] = round(ms, 1)
     return metadata
 
 
@@ -141,7 +143,7 @@ def _report(
         raise RuntimeError(f"batch {result.batch_id} does not balance: {result}")
     context.log.info(
         f"{source.pipeline.source_id} batch {result.batch_id}: read {result.received}, inserted {result.inserted}, "
-        f"duplicates {result.duplicates}, dead-lettered {result.dead_lettered_new}"
+        f"duplicates {result.duplicates}, dead-lettered {result.dead_lettered_new}; {result.times}"
         + (" (replayed batch: already committed, nothing written)" if result.replayed else "")
     )
     metadata = {**ingest_metadata(result), "requested_at_ms": requested_ms, "requested_by": requested_by,

@@ -8,6 +8,7 @@ reports rows as its own.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -22,6 +23,7 @@ from onceflow.jobs.dedup.fingerprints import Fingerprints
 from onceflow.jobs.dedup.id_filters import IdFilters
 from onceflow.jobs.delta.commit_log import committed_metrics, holds_batch, own_commit_version, rows_appended
 from onceflow.jobs.delta.transactions import append_once, delta_transaction, is_concurrent_commit
+from onceflow.jobs.ingest.stage_times import StageTimes
 from onceflow.jobs.sources.checkpoint import BatchPlan
 from onceflow.jobs.sources.reader import SourceRuntime
 
@@ -76,13 +78,14 @@ def append_new(
 def commit_on_filters(
     spark: SparkSession, source: SourceRuntime, plan: BatchPlan, path: str, metadata: dict,
     filters_of: tuple[IdFilterStore, int | None], ids: tuple[Fingerprints, np.ndarray],
-    write: Callable[[IdFilters, np.ndarray], int | None],
+    write: Callable[[IdFilters, np.ndarray], int | None], times: StageTimes | None = None,
 ) -> Written:
     """`commit_once` for a batch decided against a table's ID filters (`filters_of`: their store, and the lowest
     bucket a lookup needs): on each try, the filters caught up with the table's latest commit say which of the
     batch's IDs (`ids`: their fingerprints and buckets) it holds, and `write(filters, seen)` appends the rest on
     `filters.version`, so that any commit since fails the append and the batch is decided again. Once committed,
-    the new IDs join the filters beside what the process does next (`IdFilterStore.release_later`)."""
+    the new IDs join the filters beside what the process does next (`IdFilterStore.release_later`). The lookups
+    count as the `dedup` stage of `times`, if given."""
     store, floor = filters_of
     # Sorted by first half once, here: the search and the filters' runs each sort what they are given, which
     # costs next to nothing once it is sorted.
@@ -93,8 +96,9 @@ def commit_on_filters(
     def attempt() -> int | None:
         while held:  # a retry: the last try's filters go back, to be caught up with the commit that beat it
             store.release(held.pop()[0])
-        filters = store.load(floor)
-        found = filters.seen(prints)
+        with times.stage("dedup") if times is not None else contextlib.nullcontext():
+            filters = store.load(floor)
+            found = filters.seen(prints)
         held.append((filters, found))
         seen = np.empty_like(found)
         seen[order] = found

@@ -79,7 +79,8 @@ def ingest_batch(
         if pipeline.delivery == "at_least_once":
             rows = read.valid()
             dead_letters_first()
-            written = append_new(spark, source, plan, rows, valid_count, metadata, begun)
+            with result.times.stage("write"):
+                written = append_new(spark, source, plan, rows, valid_count, metadata, begun)
             result.raw_version = latest_version(source.raw_path)
             result.replayed, result.lost_race, result.inserted = written.replayed, written.lost_race, written.inserted
             return result
@@ -87,14 +88,17 @@ def ingest_batch(
         hashed = [c for c in ID_HASH_COLUMNS if c in slim.column_names]
         valid = slim.select(["time_bucket", "ordinal", *(hashed or ["record_id"])]).filter(pc.is_null(slim["reason"]))
         if source.id_filters is None:
-            firsts, kept = first_ids(valid)
+            with result.times.stage("dedup"):
+                firsts, kept = first_ids(valid)
             unique_count = firsts.num_rows
             unique = read.valid(~kept)
             horizon = _horizon(plan.horizon_floor_ms, pipeline.time_bucket_ms)
             dead_letters_first()
-            written = merge_once(spark, source, plan, unique, source.raw_path, horizon, metadata)
+            with result.times.stage("merge"):
+                written = merge_once(spark, source, plan, unique, source.raw_path, horizon, metadata)
         else:
-            prints, at = first_prints(valid)
+            with result.times.stage("dedup"):
+                prints, at = first_prints(valid)
             unique_count = len(at)
             firsts = (prints, valid["time_bucket"].to_numpy()[at], at, valid.num_rows)
             written = _merge_with_filters(spark, source, source.id_filters, plan, read, firsts, metadata, result,
@@ -141,11 +145,13 @@ def _merge_with_filters(
         dropped[at[~seen]] = False  # one filter drops the batch's repeats and the IDs the table holds
         rows = read.valid(dropped)
         dead_letters_first()
-        written = append_once(rows, source.raw_path, source.app_id, plan.batch_id, metadata,
-                              next(transactions, None), read_version=filters.version)
+        with result.times.stage("write"):
+            written = append_once(rows, source.raw_path, source.app_id, plan.batch_id, metadata,
+                                  next(transactions, None), read_version=filters.version)
         return len(at) - int(seen.sum()) if written else None
 
-    return commit_on_filters(spark, source, plan, source.raw_path, metadata, (store, floor), (prints, buckets), append)
+    return commit_on_filters(spark, source, plan, source.raw_path, metadata, (store, floor), (prints, buckets), append,
+                             result.times)
 
 
 def _count(filters: IdFilters, seen: np.ndarray, result: IngestResult) -> None:

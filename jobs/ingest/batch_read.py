@@ -10,6 +10,7 @@ MERGE. A read depends on nothing but the batch's plan, so the next batch's may b
 from __future__ import annotations
 
 import functools
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -41,13 +42,14 @@ class BatchRead:
     """A batch read: its driver-side columns (`slim`: `reason, record_id, ordinal, t, time_bucket` and the dead
     letters' columns), its records' raw columns (`records`: row for row with `slim` when they came to the driver,
     else a DataFrame of its valid ones over `cached`), the landing's own count of its records (`landed`), and the
-    raw append's transaction when begun beside the read (`begun`)."""
+    raw append's transaction when begun beside the read (`begun`), and how long the read took (`seconds`)."""
 
     slim: pa.Table
     records: DataFrame | pa.Table
     landed: int
     begun: Future | None = None
     cached: DataFrame | None = None
+    seconds: float = 0.0
 
     def valid(self, dropped: np.ndarray | None = None) -> DataFrame | pa.Table:
         """The batch's valid records' raw columns, without `ordinal`, but for those `dropped` marks (a mask over
@@ -85,6 +87,7 @@ def read_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, land
     """Read, validate and classify batch `plan`'s `landed` records in one Spark action (see the module docstring);
     the tables are made first if they are not yet. Raises what the landing's count found wrong (a file changed
     since it was planned) before anything else."""
+    start = time.perf_counter()
     # The landing's own count (an independent fact) is read beside the batch's Spark job.
     counted = _counter.submit(source.reader.landed_count, plan)
     rows_here = rows_to_driver(source)
@@ -107,7 +110,7 @@ def read_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, land
         if begun is not None:
             begun.result()  # the tables exist from here on
         # Before anything commits: a landing that cannot be counted stops the batch.
-        return BatchRead(slim, records, counted.result(), begun, cached)
+        return BatchRead(slim, records, counted.result(), begun, cached, time.perf_counter() - start)
     except BaseException:
         if cached is not None:
             cached.unpersist()

@@ -52,8 +52,11 @@ def commit_beside(
     they are explained and committed while its valid records are decided; and what waits for them, before the raw
     commit (dead letters commit first: a batch is committed once raw holds it). Waiting raises what failed; it
     waits once, later calls return at once."""
-    pending = _committer.submit(commit_explained, spark, source, plan, contract, dead, metadata, result) \
-        if dead.num_rows else None
+    def explained() -> None:
+        with result.times.stage("dead_letters"):
+            commit_explained(spark, source, plan, contract, dead, metadata, result)
+
+    pending = _committer.submit(explained) if dead.num_rows else None
 
     def committed() -> None:
         if pending is not None:

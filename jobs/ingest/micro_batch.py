@@ -44,30 +44,39 @@ def run_micro_batch(get_spark: Callable[[], SparkSession], source: SourceRuntime
     the emulator) is taken beside the batch's landing and ingest: only the checkpoint update needs it.
     """
     pipeline, reader = source.pipeline, source.reader
+    start = time.perf_counter()
     with ThreadPoolExecutor(1, thread_name_prefix="onceflow-watermark") as pool:
         learnt = pool.submit(reader.before_batch, _now_ms())
         checkpoint, realigned_from = align_with_lake(source)
         floor = horizon_floor_ms(pipeline.delivery, pipeline.dedup_horizon_s, checkpoint)
         plan = reader.next_plan(checkpoint, floor, source.read_ahead.proposal)
+        waiting = time.perf_counter()
         ahead = source.read_ahead.take(plan)
+        waited = time.perf_counter() - waiting
         if plan is None:
             learnt.result()
             source.checkpoints.update(lambda c: _with_watermark(reader, c))
             return None
         spark = get_spark()
         register_spark_functions(spark)
+        waiting = time.perf_counter()
         read = ahead or read_batch(spark, source, plan, reader.landed(spark, plan))
+        waited += time.perf_counter() - waiting
         result = ingest_batch(spark, source, plan, read, functools.partial(_read_next, spark, source, checkpoint, plan))
         result.realigned_from, result.read_ahead = realigned_from, ahead is not None
+        result.times.add("read", read.seconds)
+        result.times.add("read_wait", waited)
         if result.lost_race:
             log.warning(f"{source.app_id} batch {plan.batch_id}: a concurrent attempt committed it first; this "
                         "run wrote nothing and counts that commit's figures")
         _warn_if_wide(source, plan.batch_id, result)
         crash_point("ingest.after_merge")
         learnt.result()
-        source.checkpoints.update(lambda c: advanced(source, c, plan, result))
+        with result.times.stage("checkpoint"):
+            source.checkpoints.update(lambda c: advanced(source, c, plan, result))
         if not result.lost_race:
             reader.after_checkpoint(plan)
+    result.times.add("batch", time.perf_counter() - start)
     return result
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from onceflow.jobs.ingest.stage_times import StageTimes
+
 
 @dataclass
 class IngestResult:
@@ -14,7 +16,8 @@ class IngestResult:
     counts are those of the commit that did the work, read back from the Delta history: totals stay exact.
     `lost_race` says a concurrent attempt at the same batch committed first; `realigned_from` is the batch the
     checkpoint wrongly claimed as the last committed one, when the lake was ahead of it; `read_ahead` says the
-    batch's read began while the batch before it committed (`onceflow.jobs.ingest.read_ahead`).
+    batch's read began while the batch before it committed (`onceflow.jobs.ingest.read_ahead`); `times` says
+    where its time went, by stage (`onceflow.jobs.ingest.stage_times`).
     """
 
     batch_id: int
@@ -34,6 +37,7 @@ class IngestResult:
     min_event_time_ms: int | None = None
     max_event_time_ms: int | None = None
     stream_max_event_ms: dict[int, int] = field(default_factory=dict)
+    times: StageTimes = field(default_factory=StageTimes)
 
     @property
     def duplicates(self) -> int:
