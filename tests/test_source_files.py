@@ -1,0 +1,54 @@
+"""A file source's files: their records counted as `line.strip()` sees them, and a file changed after it was
+fingerprinted never passes for the file it was, whether its SHA-256 was remembered or not."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from onceflow.resources import files
+from onceflow.resources.files import FileChangedError, JsonLinesDirectory, fingerprint, records_in
+
+
+def test_records_are_the_lines_with_something_on_them() -> None:
+    pieces = [b'{"a": 1}', b"", b" ", b'\t{"b": 2}', b"\r", b" \r", b"x", b"  y  ", b"\x0b", b"{}"]
+    rng = random.Random(7)
+    for _ in range(3000):
+        data = b"\n".join(rng.choice(pieces) for _ in range(rng.randrange(8))) + rng.choice([b"", b"\n", b"\r\n"])
+        assert records_in(data) == sum(1 for line in data.split(b"\n") if line.strip()), data
+
+
+def _aged(path: Path, content: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Write `content`, and let its status count as settled (not changed within a tick of the clock)."""
+    path.write_bytes(content)
+    time.sleep(0.05)  # past the file system clock's tick: a rewrite gets another change time
+    monkeypatch.setattr(files._Digests, "RACY_NS", 0)
+
+
+def test_a_file_rewritten_to_the_same_size_after_its_hash_was_remembered_is_caught(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _aged(tmp_path / "a.jsonl", b'{"id": "1"}\n', monkeypatch)
+    entry = fingerprint(tmp_path, "a.jsonl")
+    directory = JsonLinesDirectory(tmp_path)
+    assert directory.count(entry) == 1  # its SHA-256 is remembered by its status now
+    (tmp_path / "a.jsonl").write_bytes(b'{"id": "2"}\n')  # same size; another change time
+    with pytest.raises(FileChangedError, match=r"a\.jsonl changed after batch planning"):
+        directory.check(entry)
+
+
+def test_a_file_changed_within_the_tick_it_was_hashed_in_is_hashed_again(tmp_path: Path) -> None:
+    """A status that changed within `RACY_NS` of its hash is never remembered: a rewrite in the same tick of the
+    clock, even with the change time set back, is still told apart by its bytes."""
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(b'{"id": "1"}\n')
+    entry = fingerprint(tmp_path, "a.jsonl")
+    stat = path.stat()
+    path.write_bytes(b'{"id": "2"}\n')
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # the same size and modification time as before
+    with pytest.raises(FileChangedError, match=r"a\.jsonl changed after batch planning"):
+        JsonLinesDirectory(tmp_path).check(entry)
