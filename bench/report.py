@@ -18,7 +18,7 @@ from typing import Any
 
 from bench import peer
 from bench.ingest_throughput import Config
-from bench.stages import stage_lines, stage_medians
+from bench.stages import stage_lines, stage_medians, stage_text
 
 SPARK_SETTINGS = (
     "spark.master", "spark.driver.memory", "spark.sql.shuffle.partitions", "spark.sql.adaptive.enabled",
@@ -223,6 +223,8 @@ def extras(result: dict[str, Any]) -> list[str]:
                          f"{size.get('with_redelivery_s', float('nan')):.2f} s with, "
                          f"{size.get('without_redelivery_s', float('nan')):.2f} s without; "
                          f"filter rebuild {size['filter_rebuild_s']:.2f} s")
+            lines += [f"table_growth {int(rows):>12,} rows: {kind} batch with the fast path, median ms: "
+                      f"{stage_text(ms)}" for kind, ms in size.get("with_stage_ms", {}).items()]
         small, large = growth["ratio_sizes"]
         lines.append(f"table_growth {large:,} / {small:,} rows: with the fast path "
                      f"x{fmt(growth['ratio_with_fast_path'])}, without x{fmt(growth['ratio_without'])}; redelivery "

@@ -33,6 +33,10 @@ of their medians moved from 0.7 to 1.5 between runs of the same commit with what
 6. Checked, not timed: each raw table then holds N + the distinct fresh events, each dead-letter table N + the
    fresh bad records, all of them distinct.
 
+Each fast-path batch's stage times (`onceflow.jobs.ingest.stage_times`) are kept too, their medians per size as
+`with_stage_ms` (fresh and redelivery batches): a ratio of whole batches carries their noise, the stages show what
+grew.
+
 A discarded warm-up (a small table, two batches and the redeliveries per home) runs first. `ratio_*` is the median
 per-batch time at the largest N over that at the smallest; `ratio_redelivery_*` the same for the redelivery batch.
 """
@@ -66,6 +70,7 @@ from bench.growth_data import (
     write_batches,
     write_redelivery,
 )
+from bench.stages import batch_medians
 from onceflow.jobs.dedup.filter_store import IdFilterStore
 from onceflow.jobs.dedup.fingerprints import Fingerprints, id_hashes
 from onceflow.jobs.ingest.micro_batch import run_micro_batch
@@ -74,7 +79,9 @@ from onceflow.resources.lake import LakeResource
 
 SIZES = (1_000_000, 10_000_000)
 BATCHES = 8  # a batch's time varies by a third from batch to batch: the median of 4 moved the ratio by 0.3
-REDELIVERY_BATCHES = 9  # the median of 5 moved the ratio by 0.3 between runs: one batch in five ran a third slower
+# The median of 5 moved the ratio by 0.3 between runs: one batch in five ran a third slower; that of 9 gave x1.10
+# in two runs where 15 gave x1.00, with every stage but the 3 ms of the lookup equal (`with_stage_ms`).
+REDELIVERY_BATCHES = 15
 BATCH_RECORDS = 25_000
 WARMUP_ROWS = 10_000
 VARIANTS = ("with", "without")
@@ -136,6 +143,7 @@ class _Size:
     seconds: dict[str, list[float]] = field(default_factory=lambda: {name: [] for name in VARIANTS})
     inserted: dict[str, int] = field(default_factory=lambda: dict.fromkeys(VARIANTS, 0))
     fast_path: list[dict[str, Any]] = field(default_factory=list)
+    stages: list[dict[str, float]] = field(default_factory=list)
 
 
 def prepare(
@@ -194,6 +202,7 @@ def time_batch(spark: SparkSession, size: _Size, name: str, batch: int, log: Cal
     size.inserted[name] += result.inserted
     if name == "with":
         size.fast_path.append(dict(result.fast_path or {}))
+        size.stages.append(dict(result.times.ms))
     log(f"table_growth {rows:,} rows: batch {batch} {name} fast path: {result.received} records"
         f"{' (redelivery)' if batch > batches else ''}, {elapsed:.2f} s")
 
@@ -220,6 +229,9 @@ def checked(size: _Size) -> dict[str, Any]:
         "with_batch_seconds": seconds["with"],
         "without_batch_seconds": seconds["without"],
         "fast_path": size.fast_path,
+        # Where a fast-path batch's time went: what grows with the table shows here, the batch's noise aside.
+        "with_stage_ms": {"fresh": batch_medians(size.stages[:batches]),
+                          "redelivery": batch_medians(size.stages[batches:])},
         **size.facts,
         "rows_after": rows + size.distinct,
         "dead_letter_rows_after": rows + size.fresh_bad,

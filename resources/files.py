@@ -7,7 +7,8 @@ empty file is not taken until it has bytes: a producer that creates a file and t
 files are) is seen between the two, and an empty file holds no record anyway.
 
 A file's SHA-256 is computed once per version of its status (`_Digests`): a batch's files are fingerprinted when
-the batch is proposed, planned and read, which hashed every byte three times.
+the batch is proposed, planned and read, which hashed every byte three times; a fingerprint of a version hashed
+before reads only the file's status.
 """
 
 from __future__ import annotations
@@ -92,8 +93,8 @@ class JsonLinesDirectory:
 
 
 def fingerprint(directory: Path, rel: str) -> FileEntry:
-    data, sha256 = _DIGESTS.read(directory / rel)
-    return FileEntry(path=rel, size=len(data), sha256=sha256)
+    size, sha256 = _DIGESTS.digest(directory / rel)
+    return FileEntry(path=rel, size=size, sha256=sha256)
 
 
 _SPACE = np.zeros(256, dtype=bool)
@@ -126,6 +127,16 @@ class _Digests:
     def __init__(self) -> None:
         self._known: OrderedDict[tuple[int, ...], str] = OrderedDict()
         self._lock = threading.Lock()
+
+    def digest(self, path: Path) -> tuple[int, str]:
+        """The file's size and SHA-256, its bytes unread when its status is that of a version hashed before."""
+        status = _status(path)
+        with self._lock:
+            known = self._known.get(status)
+        if known is not None:
+            return status[4], known
+        data, sha256 = self.read(path)
+        return len(data), sha256
 
     def read(self, path: Path) -> tuple[bytes, str]:
         """The file's bytes and their SHA-256."""

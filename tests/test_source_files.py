@@ -3,6 +3,7 @@ fingerprinted never passes for the file it was, whether its SHA-256 was remember
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import time
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from onceflow.resources import files
-from onceflow.resources.files import FileChangedError, JsonLinesDirectory, fingerprint, records_in
+from onceflow.resources.files import FileChangedError, FileEntry, JsonLinesDirectory, fingerprint, records_in
 
 
 def test_records_are_the_lines_with_something_on_them() -> None:
@@ -52,3 +53,16 @@ def test_a_file_changed_within_the_tick_it_was_hashed_in_is_hashed_again(tmp_pat
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # the same size and modification time as before
     with pytest.raises(FileChangedError, match=r"a\.jsonl changed after batch planning"):
         JsonLinesDirectory(tmp_path).check(entry)
+
+
+def test_a_version_hashed_before_is_fingerprinted_from_its_status_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "a.jsonl"
+    _aged(path, b'{"id": "1"}\n', monkeypatch)
+    entry = fingerprint(tmp_path, "a.jsonl")
+    with monkeypatch.context() as unread:
+        unread.setattr(Path, "read_bytes", lambda self: pytest.fail(f"{self} was read again"))
+        assert fingerprint(tmp_path, "a.jsonl") == entry
+    path.write_bytes(b'{"id": "22"}\n')  # another status: read and hashed again
+    assert fingerprint(tmp_path, "a.jsonl") == FileEntry("a.jsonl", 13, hashlib.sha256(b'{"id": "22"}\n').hexdigest())
