@@ -18,6 +18,7 @@ from typing import Any
 
 from bench import peer
 from bench.ingest_throughput import Config
+from bench.loaded_growth import lines as loaded_growth_lines
 from bench.stages import stage_lines, stage_medians, stage_text
 
 SPARK_SETTINGS = (
@@ -230,6 +231,8 @@ def extras(result: dict[str, Any]) -> list[str]:
                      f"x{fmt(growth['ratio_with_fast_path'])}, without x{fmt(growth['ratio_without'])}; redelivery "
                      f"batch with x{fmt(growth.get('ratio_redelivery_with_fast_path'))}, without "
                      f"x{fmt(growth.get('ratio_redelivery_without'))}{_memory(growth)}")
+    if result.get("loaded_growth"):
+        lines += loaded_growth_lines(result["loaded_growth"])
     again = result.get("redelivery")
     if again and again["ratio"]:
         small, large = again["ratio_sizes"]

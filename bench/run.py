@@ -19,7 +19,8 @@ commit and the checkpoint update, and the duplicates the table then holds are co
 is compared with onceflow exactly-once's valid rows (`bench.same_rows`; not timed); the peak resident memory of
 the driver during each run is sampled (`bench.memory`).
 
-Then `table_growth` (`--growth-*`), `redelivery` (`--redelivery-*`), `latency` (`--latency-*`), `landing`
+Then `table_growth` (`--growth-*`), `loaded_growth` (the same sizes, tables filled by onceflow batch by batch:
+`bench/loaded_growth.py`), `redelivery` (`--redelivery-*`), `latency` (`--latency-*`), `landing`
 (`--landing-*`), `kafka` (`--kafka-*`) and `profiles` (`--profile-*`): `bench/table_growth.py`,
 `bench/redelivery.py` (the exact lookup of redelivered old records as the table grows), `bench/latency.py`,
 `bench/landing.py` (`--only landing` runs the Pub/Sub landing figure alone), `bench/kafka.py` (Kafka -> raw against
@@ -62,6 +63,7 @@ from bench.landing import EVENTS as LANDING_EVENTS
 from bench.landing import ROUNDS as LANDING_ROUNDS
 from bench.landing import landing
 from bench.latency import BURST_EVENTS, BURSTS, DRAIN_EVENTS, latency
+from bench.loaded_growth import loaded_growth
 from bench.memory import PeakRss
 from bench.profiles import EVENTS as PROFILE_EVENTS
 from bench.profiles import ROUNDS as PROFILE_ROUNDS
@@ -82,7 +84,7 @@ from onceflow.resources.spark import build_spark_session
 RESULTS = Path(__file__).resolve().parent / "results"
 ONCEFLOW = ingest_throughput.MODES  # exactly_once, at_least_once
 CONTENDERS = (*ONCEFLOW, *peer.CONTENDERS)
-EXTRAS = ("table_growth", "redelivery", "latency", "landing", "kafka", "profiles")
+EXTRAS = ("table_growth", "loaded_growth", "redelivery", "latency", "landing", "kafka", "profiles")
 ALIASES = {"ingest_throughput": ONCEFLOW}
 DATASETS = {d.name: d for d in (CLEAN, REALISTIC, FLIGHTS)}
 
@@ -297,7 +299,7 @@ def spark_benchmarks(
 ) -> tuple[dict[str, str], list[dict[str, Any]], dict[str, Any | None]]:
     """The benchmarks that need Spark, on one session (none is started when none of them is asked for): its
     settings, the data sets' runs, and `table_growth`, `latency` and `kafka` by name (None when not asked for)."""
-    extra = {"table_growth": table_growth, "latency": latency, "kafka": kafka}
+    extra = {"table_growth": table_growth, "loaded_growth": loaded_growth, "latency": latency, "kafka": kafka}
     if not contenders and not extras & set(extra):
         return {}, [], dict.fromkeys(extra)
     with tempfile.TemporaryDirectory(prefix="onceflow-bench-warehouse-") as warehouse:
@@ -383,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     landed = with_memory(landing, args) if "landing" in extras else None
     result = report.build(config, datasets, extra["table_growth"], extra["latency"], landed)
     result["redelivery"] = with_memory(redelivery, args) if "redelivery" in extras else None
+    result["loaded_growth"] = extra["loaded_growth"]
     result["kafka"] = extra["kafka"]
     result["profiles"] = with_memory(profiles, args) if "profiles" in extras else None
     result["machine"] = {**machine(), "load_avg_before": load_before, "load_avg_after": os.getloadavg()}

@@ -117,7 +117,7 @@ def rebuild_filters(source: SourceRuntime) -> tuple[float, int]:
     return time.perf_counter() - start, buckets
 
 
-def _table_facts(path: str) -> tuple[int, int]:
+def table_facts(path: str) -> tuple[int, int]:
     """A table's rows and distinct record IDs, read with delta-rs a record batch at a time and counted by their
     128-bit fingerprints (16 bytes an ID: the check must not be what sets the benchmark's peak memory). Two IDs
     sharing a fingerprint would count as one: a false alarm, never a repeat missed."""
@@ -211,12 +211,12 @@ def checked(size: _Size) -> dict[str, Any]:
     """Step 6 for one size, then its figures."""
     rows, batches, seconds = size.rows, size.batches, size.seconds
     for name, source in size.sources.items():
-        total, unique = _table_facts(source.raw_path)
+        total, unique = table_facts(source.raw_path)
         if total != rows + size.distinct or unique != total or size.inserted[name] != size.distinct:
             raise BenchmarkError(f"table_growth {rows} {name}: raw table has {total} rows ({unique} distinct), "
                                  f"{size.inserted[name]} inserted; expected {rows + size.distinct} rows, "
                                  f"{size.distinct} inserted")
-        total, unique = _table_facts(source.dead_letter_path)
+        total, unique = table_facts(source.dead_letter_path)
         if total != rows + size.fresh_bad or unique != total:
             raise BenchmarkError(f"table_growth {rows} {name}: dead-letter table has {total} rows ({unique} "
                                  f"distinct); expected {rows + size.fresh_bad}")

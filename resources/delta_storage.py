@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 import pyarrow.fs as pafs
 from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
 
 from onceflow.resources.gcs import delta_rs_gcs_options, is_gcs
 from onceflow.resources.settings import load_settings
@@ -83,6 +84,35 @@ def table_snapshot(uri: str, version: int | None = None) -> DeltaTable:
     if version is None and (stamp := _log_from(uri, table.version())[0]) is not None:
         tables[uri] = _Held(table, stamp)
         tables.move_to_end(uri)
+        while len(tables) > _HELD_TABLES:
+            tables.popitem(last=False)
+    return table
+
+
+def writable_table(uri: str, version: int) -> DeltaTable:
+    """The table at `uri` at `version`, for the caller to write through (a write moves it to its own commit).
+
+    A batch writes each table on the version its decisions were made on, a commit or two past the one it last
+    wrote: this thread's table of `uri` is moved forward through the commits since (`load_as_version`) instead of
+    read anew, which lists the whole log and reads its last checkpoint, both growing with the table (35 ms for a
+    table of 2,400 files and 420 commits, against 6 ms). It is read anew when `version` is older than it, or when
+    the log no longer holds the commit file it was given at (the table re-created or restored at the same path).
+    """
+    tables: OrderedDict[str, tuple[DeltaTable, int, tuple]] = _held.__dict__.setdefault("writable", OrderedDict())
+    kept, table = tables.pop(uri, None), None
+    if kept is not None:
+        held, given_at, stamp = kept
+        if given_at <= held.version() <= version and _log_from(uri, given_at)[0] == stamp:
+            try:
+                if held.version() < version:
+                    held.load_as_version(version)
+                table = held
+            except DeltaError:  # the commits since are gone from the log (its retention): read anew
+                table = None
+    if table is None or table.version() != version:
+        table = delta_table(uri, version)
+    if (stamp := _log_from(uri, version)[0]) is not None:
+        tables[uri] = (table, version, stamp)
         while len(tables) > _HELD_TABLES:
             tables.popitem(last=False)
     return table

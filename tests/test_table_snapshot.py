@@ -1,6 +1,7 @@
 """`table_snapshot`: a table read at its newest version is given again only while its log has no later commit and
 its commit file is the one it was read from, on local disk and on GCS (the emulator); a table re-created or
-restored at the same path is read anew."""
+restored at the same path is read anew. `writable_table`: a table to write is moved forward through the commits since
+the one it was given at, and read anew when it was re-created."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from deltalake import write_deltalake
+from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 from google.cloud import storage
 
-from onceflow.resources.delta_storage import storage_options, table_snapshot
+from onceflow.resources.delta_storage import storage_options, table_snapshot, writable_table
 from onceflow.resources.emulators.gcs import GcsEmulator
 
 
@@ -72,3 +73,35 @@ def test_a_table_that_is_gone_is_not_given(tmp_path: Path) -> None:
     shutil.rmtree(uri)
     with pytest.raises(TableNotFoundError):
         table_snapshot(uri)
+
+
+def _files(table: DeltaTable) -> list[str]:
+    return sorted(table.file_uris())
+
+
+def _check_writable(uri: str, remove: object) -> None:
+    _append(uri, "a")
+    given = writable_table(uri, 0)
+    write_deltalake(given, pa.table({"record_id": ["b"]}), mode="append")  # through it: it moves to version 1
+    _append(uri, "c")  # another writer: version 2
+    moved = writable_table(uri, 2)
+    assert moved is given and moved.version() == 2 and _files(moved) == _files(DeltaTable(uri, storage_options=storage_options(uri)))
+    older = writable_table(uri, 1)
+    assert older is not moved and older.version() == 1 and len(_files(older)) == 2
+    # Re-created at the same path with more commits: the commit file it was given at is another one.
+    remove(uri)  # type: ignore[operator]
+    for record in ("x", "y", "z", "w"):
+        _append(uri, record)
+    again = writable_table(uri, 3)
+    assert again is not older and again.version() == 3
+    assert sorted(again.to_pyarrow_table()["record_id"].to_pylist()) == ["w", "x", "y", "z"]
+
+
+def test_a_local_table_to_write_moves_forward_and_is_read_anew_when_recreated(tmp_path: Path) -> None:
+    _check_writable(str(tmp_path / "t"), lambda uri: shutil.rmtree(uri))
+
+
+def test_a_gcs_table_to_write_moves_forward_and_is_read_anew_when_recreated(gcs_emulator: GcsEmulator) -> None:
+    bucket = f"onceflow-{uuid.uuid4().hex[:12]}"
+    gcs_emulator.create_bucket(bucket)
+    _check_writable(f"gs://{bucket}/lake/t", _forget)

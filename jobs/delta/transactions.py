@@ -33,7 +33,7 @@ from onceflow.jobs.delta.commit_log import holds_batch
 from onceflow.jobs.delta.schema_evolution import TableSchemaError, conform, conform_arrow
 from onceflow.jobs.delta.staging import write_staged
 from onceflow.jobs.delta.table_features import complete_protocol
-from onceflow.resources.delta_storage import storage_options, table_snapshot
+from onceflow.resources.delta_storage import storage_options, table_snapshot, writable_table
 
 _APP_ID = "spark.databricks.delta.write.txnAppId"
 _VERSION = "spark.databricks.delta.write.txnVersion"
@@ -170,7 +170,7 @@ def append_once(
         written_for, adds = _write_files(df, path, begun)
     else:  # rows held here, or a Spark Connect DataFrame: its client cannot reach Delta's writer
         written_for = latest_version(path) if read_version is None else read_version
-        written = _table(path, version=written_for)
+        written = writable_table(path, written_for)
         if arrow_writable(written):
             rows = (conform_arrow(df, _spark_schema(written), path) if isinstance(df, pa.Table)
                     else conform(df, _spark_schema(written), path).toArrow())

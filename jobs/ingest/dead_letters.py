@@ -34,7 +34,7 @@ from onceflow.jobs.ingest.result import IngestResult
 from onceflow.jobs.ingest.validation import explain_flagged
 from onceflow.jobs.sources.checkpoint import BatchPlan
 from onceflow.jobs.sources.reader import SourceRuntime
-from onceflow.resources.delta_storage import delta_table
+from onceflow.resources.delta_storage import delta_table, writable_table
 from onceflow.resources.faults import crash_point
 
 COLUMNS = ("CASE WHEN reason IS NOT NULL THEN source_position END AS source_position", "raw", "detail",
@@ -114,7 +114,7 @@ def _commit_with_filters(
 
     def append(filters: IdFilters, seen: np.ndarray) -> int | None:
         new = rows.filter(pa.array(~seen))
-        table = delta_table(path, version=filters.version)
+        table = writable_table(path, filters.version)
         return new.num_rows if append_arrow_once(table, new, source.app_id, plan.batch_id, metadata) else None
 
     ids = (prints, BATCH_RANGES.of_batch(plan.batch_id, len(prints)))
