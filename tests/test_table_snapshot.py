@@ -1,7 +1,7 @@
 """`table_snapshot`: a table read at its newest version is given again only while its log has no later commit and
 its commit file is the one it was read from, on local disk and on GCS (the emulator); a table re-created or
 restored at the same path is read anew. `writable_table`: a table to write is moved forward through the commits since
-the one it was given at, and read anew when it was re-created."""
+the one it was given at, and read anew when it was re-created; the replay check's reads of a log follow every commit."""
 
 from __future__ import annotations
 
@@ -13,9 +13,17 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import TableNotFoundError
+from deltalake.transaction import CommitProperties, Transaction
 from google.cloud import storage
 
-from onceflow.resources.delta_storage import storage_options, table_snapshot, writable_table
+from onceflow.resources.delta_storage import (
+    REREAD_VERSIONS,
+    newest_version,
+    storage_options,
+    table_snapshot,
+    transaction_version,
+    writable_table,
+)
 from onceflow.resources.emulators.gcs import GcsEmulator
 
 
@@ -105,3 +113,32 @@ def test_a_gcs_table_to_write_moves_forward_and_is_read_anew_when_recreated(gcs_
     bucket = f"onceflow-{uuid.uuid4().hex[:12]}"
     gcs_emulator.create_bucket(bucket)
     _check_writable(f"gs://{bucket}/lake/t", _forget)
+
+
+def _commit_batch(uri: str, batch: int) -> None:
+    write_deltalake(uri, pa.table({"record_id": [f"r{batch}"]}), mode="append", storage_options=storage_options(uri),
+                    commit_properties=CommitProperties(app_transactions=[Transaction("app", batch)]))
+
+
+def _check_log_reads(uri: str, remove: object) -> None:
+    """The replay check's reads follow every commit, past `REREAD_VERSIONS` and across a re-creation."""
+    for batch in range(1, REREAD_VERSIONS + 4):
+        _commit_batch(uri, batch)
+        assert (transaction_version(uri, "app"), newest_version(uri)) == (batch, batch - 1)
+    _append(uri, "other")  # another writer, no transaction of the app
+    assert (transaction_version(uri, "app"), newest_version(uri)) == (REREAD_VERSIONS + 3, REREAD_VERSIONS + 3)
+    remove(uri)  # type: ignore[operator]
+    _append(uri, "x")
+    assert (transaction_version(uri, "app"), newest_version(uri)) == (None, 0)
+    _commit_batch(uri, 7)
+    assert (transaction_version(uri, "app"), newest_version(uri)) == (7, 1)
+
+
+def test_a_local_tables_log_reads_follow_every_commit(tmp_path: Path) -> None:
+    _check_log_reads(str(tmp_path / "t"), lambda uri: shutil.rmtree(uri))
+
+
+def test_a_gcs_tables_log_reads_follow_every_commit(gcs_emulator: GcsEmulator) -> None:
+    bucket = f"onceflow-{uuid.uuid4().hex[:12]}"
+    gcs_emulator.create_bucket(bucket)
+    _check_log_reads(f"gs://{bucket}/lake/t", _forget)

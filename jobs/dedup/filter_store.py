@@ -18,7 +18,7 @@ from onceflow.jobs.dedup.buckets import TIME_BUCKETS, Bucketing
 from onceflow.jobs.dedup.fingerprints import Fingerprints, hash_test_vector, id_hashes
 from onceflow.jobs.dedup.id_filters import SCHEME, BucketFilter, FilterManifest, IdFilters
 from onceflow.jobs.dedup.log_ids import changes_since
-from onceflow.resources.delta_storage import table_snapshot
+from onceflow.resources.delta_storage import table_head, table_snapshot
 from onceflow.resources.object_store import ObjectStore
 
 log = logging.getLogger("onceflow")
@@ -59,13 +59,12 @@ class IdFilterStore:
         if pending is not None and pending.exception() is not None:
             # Derived state: filters not handed back are read again (or rebuilt) and caught up from the log.
             log.warning(f"{self.key}: the last batch's upkeep of its ID filters failed: {pending.exception()!r}")
-        table = table_snapshot(self.table_path)
-        latest, table_id = table.version(), table.metadata().id
+        latest, table_id = table_head(self.table_path)
         filters = self._read(floor_bucket, table_id)
         if filters is None or filters.version > latest:
             return self._rebuild(latest, floor_bucket, table_id)
         try:
-            added, emptied = changes_since(table, filters.version, latest, self.bucketing)
+            added, emptied = changes_since(self.table_path, filters.version, latest, self.bucketing)
         except FileNotFoundError:  # the log entries since the stamp are gone (log retention): start over
             return self._rebuild(latest, floor_bucket, table_id)
         if emptied is None:  # rows removed from a bucket the log does not name

@@ -7,16 +7,15 @@ from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from deltalake import DeltaTable
 
 from onceflow.jobs.dedup.buckets import Bucketing
 from onceflow.resources.delta_storage import commit_actions, table_files
 
 
 def changes_since(
-    table: DeltaTable, since: int, latest: int, bucketing: Bucketing
+    uri: str, since: int, latest: int, bucketing: Bucketing
 ) -> tuple[pa.Table, set[int] | None]:
-    """What data-changing commits after `since` (up to `latest`) did: `record_id, bucket` of every row they added,
+    """What data-changing commits of the table at `uri` after `since` (up to `latest`) did: `record_id, bucket` of every row they added,
     and the buckets they removed rows from (None when a removal names no bucket).
 
     OPTIMIZE rewrites rows already counted (`dataChange` false) and changes nothing here. A file added with a
@@ -24,7 +23,7 @@ def changes_since(
     adds: list[dict] = []
     emptied: set[int] | None = set()
     for version in range(since + 1, latest + 1):
-        for action in _data_changes(table, version):
+        for action in _data_changes(uri, version):
             if "add" in action and not action["add"].get("deletionVector"):
                 adds.append(action["add"])
                 continue
@@ -33,17 +32,17 @@ def changes_since(
                 emptied = None
             else:
                 emptied.add(int(bucket))
-    return _read_adds(table, adds, bucketing), emptied
+    return _read_adds(uri, adds, bucketing), emptied
 
 
-def _data_changes(table: DeltaTable, version: int) -> list[dict]:
+def _data_changes(uri: str, version: int) -> list[dict]:
     """A commit's `add` and `remove` actions that change the table's rows."""
-    return [a for a in commit_actions(table.table_uri, version)
+    return [a for a in commit_actions(uri, version)
             if any(kind in a and a[kind].get("dataChange", True) for kind in ("add", "remove"))]
 
 
-def _read_adds(table: DeltaTable, adds: list[dict], bucketing: Bucketing) -> pa.Table:
-    files, root = table_files(table.table_uri)
+def _read_adds(uri: str, adds: list[dict], bucketing: Bucketing) -> pa.Table:
+    files, root = table_files(uri)
     parts = []
     for add in adds:
         part = pq.read_table(f"{root}/{unquote(add['path'])}", columns=["record_id", *bucketing.columns],

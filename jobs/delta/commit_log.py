@@ -12,7 +12,7 @@ from deltalake.exceptions import TableNotFoundError
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from onceflow.resources.delta_storage import commit_actions, table_snapshot
+from onceflow.resources.delta_storage import commit_actions, table_snapshot, transaction_version
 
 ATTEMPT_KEY = "onceflow_attempt"
 """Commit metadata naming the attempt that wrote the commit: which of two concurrent attempts at one batch won."""
@@ -34,7 +34,7 @@ def committed_batch(path: str, app_id: str) -> int | None:
     Read with delta-rs straight from the log: no Spark session needed, and the same on every replay.
     """
     try:
-        return table_snapshot(path).transaction_version(app_id)
+        return transaction_version(path, app_id)
     except TableNotFoundError:
         return None
 

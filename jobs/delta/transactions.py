@@ -33,7 +33,7 @@ from onceflow.jobs.delta.commit_log import holds_batch
 from onceflow.jobs.delta.schema_evolution import TableSchemaError, conform, conform_arrow
 from onceflow.jobs.delta.staging import write_staged
 from onceflow.jobs.delta.table_features import complete_protocol
-from onceflow.resources.delta_storage import storage_options, table_snapshot, writable_table
+from onceflow.resources.delta_storage import newest_version, storage_options, table_snapshot, writable_table
 
 _APP_ID = "spark.databricks.delta.write.txnAppId"
 _VERSION = "spark.databricks.delta.write.txnVersion"
@@ -256,7 +256,7 @@ def _definition(table: DeltaTable) -> tuple:
 
 def latest_version(path: str) -> int:
     """The table's newest version (read from its log with delta-rs: no Spark job)."""
-    return table_snapshot(path).version()
+    return newest_version(path)
 
 
 def table_properties(retention_s: int, stats_columns: tuple[str, ...] = ()) -> dict[str, str]:
