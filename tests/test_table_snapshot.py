@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -42,7 +43,18 @@ def _forget(uri: str) -> None:
         blob.delete()
 
 
-def _check(uri: str, remove: object) -> None:
+@pytest.fixture(params=["local", "gcs"])
+def place(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Callable[[str], None]]:
+    """Where a test's table lives, on local disk or on GCS (the emulator), and how to remove it whole."""
+    if request.param == "local":
+        return str(tmp_path / "t"), shutil.rmtree
+    emulator: GcsEmulator = request.getfixturevalue("gcs_emulator")
+    bucket = f"onceflow-{uuid.uuid4().hex[:12]}"
+    emulator.create_bucket(bucket)
+    return f"gs://{bucket}/lake/t", _forget
+
+
+def _check(uri: str, remove: Callable[[str], None]) -> None:
     _append(uri, "a")
     first = table_snapshot(uri)
     assert first.version() == 0 and table_snapshot(uri) is first  # nothing new: the same table, not read again
@@ -54,24 +66,18 @@ def _check(uri: str, remove: object) -> None:
     old = table_snapshot(uri, 0)
     assert old is not second and old.version() == 0 and table_snapshot(uri) is second
     # The table is re-created at the same path with as many commits: its newest commit file is another one.
-    remove(uri)  # type: ignore[operator]
+    remove(uri)
     _append(uri, "x")
     _append(uri, "y")
     assert table_snapshot(uri) is not second and _ids(uri) == ["x", "y"]
     # Restored from an older copy: fewer commits than the table given last.
-    remove(uri)  # type: ignore[operator]
+    remove(uri)
     _append(uri, "z")
     assert table_snapshot(uri).version() == 0 and _ids(uri) == ["z"]
 
 
-def test_a_local_table_is_read_again_only_when_its_log_changed(tmp_path: Path) -> None:
-    _check(str(tmp_path / "t"), lambda uri: shutil.rmtree(uri))
-
-
-def test_a_gcs_table_is_read_again_only_when_its_log_changed(gcs_emulator: GcsEmulator) -> None:
-    bucket = f"onceflow-{uuid.uuid4().hex[:12]}"
-    gcs_emulator.create_bucket(bucket)
-    _check(f"gs://{bucket}/lake/t", _forget)
+def test_a_table_is_read_again_only_when_its_log_changed(place: tuple[str, Callable[[str], None]]) -> None:
+    _check(*place)
 
 
 def test_a_table_that_is_gone_is_not_given(tmp_path: Path) -> None:
@@ -87,7 +93,7 @@ def _files(table: DeltaTable) -> list[str]:
     return sorted(table.file_uris())
 
 
-def _check_writable(uri: str, remove: object) -> None:
+def _check_writable(uri: str, remove: Callable[[str], None]) -> None:
     _append(uri, "a")
     given = writable_table(uri, 0)
     write_deltalake(given, pa.table({"record_id": ["b"]}), mode="append")  # through it: it moves to version 1
@@ -97,7 +103,7 @@ def _check_writable(uri: str, remove: object) -> None:
     older = writable_table(uri, 1)
     assert older is not moved and older.version() == 1 and len(_files(older)) == 2
     # Re-created at the same path with more commits: the commit file it was given at is another one.
-    remove(uri)  # type: ignore[operator]
+    remove(uri)
     for record in ("x", "y", "z", "w"):
         _append(uri, record)
     again = writable_table(uri, 3)
@@ -105,14 +111,8 @@ def _check_writable(uri: str, remove: object) -> None:
     assert sorted(again.to_pyarrow_table()["record_id"].to_pylist()) == ["w", "x", "y", "z"]
 
 
-def test_a_local_table_to_write_moves_forward_and_is_read_anew_when_recreated(tmp_path: Path) -> None:
-    _check_writable(str(tmp_path / "t"), lambda uri: shutil.rmtree(uri))
-
-
-def test_a_gcs_table_to_write_moves_forward_and_is_read_anew_when_recreated(gcs_emulator: GcsEmulator) -> None:
-    bucket = f"onceflow-{uuid.uuid4().hex[:12]}"
-    gcs_emulator.create_bucket(bucket)
-    _check_writable(f"gs://{bucket}/lake/t", _forget)
+def test_a_table_to_write_moves_forward_and_is_read_anew_when_recreated(place: tuple[str, Callable[[str], None]]) -> None:
+    _check_writable(*place)
 
 
 def _commit_batch(uri: str, batch: int) -> None:
@@ -120,25 +120,19 @@ def _commit_batch(uri: str, batch: int) -> None:
                     commit_properties=CommitProperties(app_transactions=[Transaction("app", batch)]))
 
 
-def _check_log_reads(uri: str, remove: object) -> None:
+def _check_log_reads(uri: str, remove: Callable[[str], None]) -> None:
     """The replay check's reads follow every commit, past `REREAD_VERSIONS` and across a re-creation."""
     for batch in range(1, REREAD_VERSIONS + 4):
         _commit_batch(uri, batch)
         assert (transaction_version(uri, "app"), newest_version(uri)) == (batch, batch - 1)
     _append(uri, "other")  # another writer, no transaction of the app
     assert (transaction_version(uri, "app"), newest_version(uri)) == (REREAD_VERSIONS + 3, REREAD_VERSIONS + 3)
-    remove(uri)  # type: ignore[operator]
+    remove(uri)
     _append(uri, "x")
     assert (transaction_version(uri, "app"), newest_version(uri)) == (None, 0)
     _commit_batch(uri, 7)
     assert (transaction_version(uri, "app"), newest_version(uri)) == (7, 1)
 
 
-def test_a_local_tables_log_reads_follow_every_commit(tmp_path: Path) -> None:
-    _check_log_reads(str(tmp_path / "t"), lambda uri: shutil.rmtree(uri))
-
-
-def test_a_gcs_tables_log_reads_follow_every_commit(gcs_emulator: GcsEmulator) -> None:
-    bucket = f"onceflow-{uuid.uuid4().hex[:12]}"
-    gcs_emulator.create_bucket(bucket)
-    _check_log_reads(f"gs://{bucket}/lake/t", _forget)
+def test_a_tables_log_reads_follow_every_commit(place: tuple[str, Callable[[str], None]]) -> None:
+    _check_log_reads(*place)
