@@ -129,7 +129,7 @@ def _moved(kind: str, uri: str, version: int | None) -> DeltaTable:
     if kept is not None:
         held, read_at, at, stamp = kept
         now, newer = _log_from(uri, at)
-        wanted = version if version is not None else held.version() + newer
+        wanted = version if version is not None else held.version() + int(newer)  # at least
         if now == stamp and at <= held.version() <= wanted < read_at + REREAD_VERSIONS:
             try:
                 if version is not None and held.version() < version:

@@ -15,8 +15,8 @@ from onceflow.resources.delta_storage import commit_actions, table_files
 def changes_since(
     uri: str, since: int, latest: int, bucketing: Bucketing
 ) -> tuple[pa.Table, set[int] | None]:
-    """What data-changing commits of the table at `uri` after `since` (up to `latest`) did: `record_id, bucket` of every row they added,
-    and the buckets they removed rows from (None when a removal names no bucket).
+    """What data-changing commits of the table at `uri` after `since` (up to `latest`) did: `record_id, bucket` of
+    every row they added, and the buckets they removed rows from (None when a removal names no bucket).
 
     OPTIMIZE rewrites rows already counted (`dataChange` false) and changes nothing here. A file added with a
     deletion vector holds rows the table does not, so its bucket counts as one rows were removed from."""
