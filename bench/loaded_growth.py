@@ -34,7 +34,7 @@ from pyspark.sql import SparkSession
 from bench.datasets import CLEAN, BenchmarkError
 from bench.growth_data import BAD_PER_BATCH, HOUR_MS, LOADED_HOURS, RETRY_FRACTION, bad_lines
 from bench.stages import batch_medians, stage_text
-from bench.table_growth import BATCH_RECORDS, SIZES, table_facts
+from bench.table_growth import BATCH_RECORDS, SIZES, table_facts, timed_batch
 from onceflow.jobs.dedup.filter_store import IdFilterStore
 from onceflow.jobs.ingest.micro_batch import run_micro_batch
 from onceflow.jobs.sources.reader import SourceRuntime, open_source
@@ -99,7 +99,9 @@ def load(spark: SparkSession, rows: int, batch_records: int, work: Path) -> tupl
     start = time.perf_counter()
     while home.made < rows:
         first_ms = end_ms - LOADED_HOURS * HOUR_MS + span * home.made // rows
-        home.loaded.append(home.write(batch_records, first_ms, span * batch_records // rows + 1, [], rng))
+        # Before the timed batches' hour, whatever the batch's share of the rows (none in the future)
+        span_ms = min(span * batch_records // rows + 1, end_ms - HOUR_MS - first_ms)
+        home.loaded.append(home.write(batch_records, first_ms, span_ms, [], rng))
         if run_micro_batch(lambda: spark, source) is None:
             raise BenchmarkError(f"loaded_growth {rows}: a file was not ingested")
     IdFilterStore.settle()
@@ -110,12 +112,7 @@ def time_batch(spark: SparkSession, home: _Home, kind: str, batch_records: int, 
     """Write, run and time one batch of `kind` on `home`, checking what it found committed."""
     old = home.redelivered(batch_records // 10, rng) if kind == "redelivery" else []
     home.write(batch_records, home.end_ms - HOUR_MS, HOUR_MS, old, rng)
-    home.source.read_ahead.drop()
-    os.sync()
-    start = time.perf_counter()
-    result = run_micro_batch(lambda: spark, home.source)
-    IdFilterStore.settle()
-    elapsed = time.perf_counter() - start
+    result, elapsed = timed_batch(spark, home.source)
     if result is None or result.duplicates_committed != len(old) or result.dead_lettered_total != BAD_PER_BATCH:
         raise BenchmarkError(f"loaded_growth {home.rows} {kind}: expected {len(old)} records found committed and "
                              f"{BAD_PER_BATCH} dead letters, the batch gave {result}")

@@ -74,6 +74,7 @@ from bench.stages import batch_medians
 from onceflow.jobs.dedup.filter_store import IdFilterStore
 from onceflow.jobs.dedup.fingerprints import Fingerprints, id_hashes
 from onceflow.jobs.ingest.micro_batch import run_micro_batch
+from onceflow.jobs.ingest.result import IngestResult
 from onceflow.jobs.sources.reader import SourceRuntime, open_source
 from onceflow.resources.lake import LakeResource
 
@@ -178,16 +179,21 @@ def prepare(
     return _Size(rows, batches, sources, distinct, fresh_bad, redelivered, facts)
 
 
-def time_batch(spark: SparkSession, size: _Size, name: str, batch: int, log: Callable[[str], None]) -> None:
-    """Run and time batch `batch` of one size's home `name`, checking what it found committed (step 4 or 5)."""
-    rows, batches, redelivered, source = size.rows, size.batches, size.redelivered, size.sources[name]
-    # Each batch is timed whole, from its own read: what the batch before read ahead is dropped.
+def timed_batch(spark: SparkSession, source: SourceRuntime) -> tuple[IngestResult | None, float]:
+    """One `run_micro_batch` of `source` and its seconds, timed whole: from its own read (what the batch before read
+    ahead is dropped) to its filters' upkeep, settled (its own, not the next batch's)."""
     source.read_ahead.drop()
     os.sync()  # the bulk load's and the batch before's writes are on disk: a checkpoint's fsync waits for none
     start = time.perf_counter()
     result = run_micro_batch(lambda: spark, source)
-    IdFilterStore.settle()  # this batch's own upkeep of its filters, not the next one's
-    elapsed = time.perf_counter() - start
+    IdFilterStore.settle()
+    return result, time.perf_counter() - start
+
+
+def time_batch(spark: SparkSession, size: _Size, name: str, batch: int, log: Callable[[str], None]) -> None:
+    """Run and time batch `batch` of one size's home `name`, checking what it found committed (step 4 or 5)."""
+    rows, batches, redelivered, source = size.rows, size.batches, size.redelivered, size.sources[name]
+    result, elapsed = timed_batch(spark, source)
     if result is None or result.batch_id != batch or result.dead_lettered_total != BAD_PER_BATCH:
         raise BenchmarkError(f"table_growth {rows} {name}: batch {batch} gave {result}")
     # A fresh batch may repeat the batch before's records (a retry across files), never its bad ones.
