@@ -139,8 +139,8 @@ def replay_last_batch(spark: SparkSession, files: Source, home: Path) -> dict[st
 
     def roll_back(checkpoint: SourceCheckpoint) -> SourceCheckpoint:
         checkpoint.committed_batch = last - 1
-        for entry in plan.files:
-            checkpoint.taken_files.pop(entry.path, None)
+        replayed = {entry.path for entry in plan.files}
+        checkpoint.taken_files = [path for path in checkpoint.taken_files if path not in replayed]
         return checkpoint
 
     source.checkpoints.update(roll_back)

@@ -13,6 +13,7 @@ before reads only the file's status.
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import os
 import threading
@@ -47,9 +48,8 @@ class JsonLinesDirectory:
         """New non-empty files in sorted order, at least one and otherwise up to `max_files` / `max_bytes`."""
         entries: list[FileEntry] = []
         total = 0
-        for path in sorted(self.directory.rglob(self.pattern)):
-            rel = path.relative_to(self.directory).as_posix()
-            if rel in taken or not path.is_file():
+        for rel in self.listed():
+            if rel in taken or not (self.directory / rel).is_file():
                 continue
             if entries and len(entries) >= max_files:  # before reading the next file whole to fingerprint it
                 break
@@ -61,6 +61,23 @@ class JsonLinesDirectory:
             entries.append(entry)
             total += entry.size
         return entries
+
+    def listed(self) -> list[str]:
+        """The relative paths of the files the pattern matches at any depth, as `Path.rglob` does (the pattern's
+        parts match a path's last parts; links to directories are not followed), sorted by their parts.
+
+        Listed as strings: a directory that keeps its files is listed on every poll, and `Path` objects cost a poll
+        of 450 files 12 ms."""
+        parts = self.pattern.split("/")
+        found = []
+        for top, _, names in os.walk(self.directory):
+            prefix = os.path.relpath(top, self.directory).replace(os.sep, "/").split("/")
+            prefix = [] if prefix == ["."] else prefix
+            for name in names:
+                rel = [*prefix, name]
+                if len(rel) >= len(parts) and all(map(fnmatch.fnmatchcase, rel[-len(parts):], parts)):
+                    found.append(rel)
+        return ["/".join(rel) for rel in sorted(found)]
 
     def path_of(self, entry: FileEntry) -> str:
         return str(self.directory / entry.path)

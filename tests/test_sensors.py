@@ -85,7 +85,7 @@ def test_micro_batch_sensor_requests_the_next_batch_one_at_a_time(
 
     # Once batch 1 is committed the sensor moves on to batch 2; the cursor never goes back.
     checkpoints = open_source(pipeline, lake).checkpoints
-    checkpoints.update(lambda _: SourceCheckpoint(committed_batch=1, taken_files={}))
+    checkpoints.update(lambda _: SourceCheckpoint(committed_batch=1, taken_files=[]))
     (tmp_path / "in" / "b.jsonl").write_text('{"event_id": "2", "event_time": 1, "key": "k", "value": 1}\n')
     later = evaluate(sensor, instance, lake, again.cursor)
     assert [r.run_key for r in later.run_requests] == ["events:batch:2"]

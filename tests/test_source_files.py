@@ -1,5 +1,6 @@
 """A file source's files: their records counted as `line.strip()` sees them, and a file changed after it was
-fingerprinted never passes for the file it was, whether its SHA-256 was remembered or not."""
+fingerprinted never passes for the file it was, whether its SHA-256 was remembered or not; a directory lists the
+files its pattern matches as `Path.rglob` does."""
 
 from __future__ import annotations
 
@@ -66,3 +67,21 @@ def test_a_version_hashed_before_is_fingerprinted_from_its_status_alone(
         assert fingerprint(tmp_path, "a.jsonl") == entry
     path.write_bytes(b'{"id": "22"}\n')  # another status: read and hashed again
     assert fingerprint(tmp_path, "a.jsonl") == FileEntry("a.jsonl", 13, hashlib.sha256(b'{"id": "22"}\n').hexdigest())
+
+
+def test_a_directory_lists_what_rglob_matches_sorted_by_parts_without_following_links(tmp_path: Path) -> None:
+    for rel in ("b.jsonl", "a-c/x.jsonl", "a/b/y.jsonl", "a/sub/z.jsonl", "sub/w.jsonl", "a/.h.jsonl", "a/n.json",
+                "a/UP.JSONL"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b'{"id": "1"}\n')
+    (tmp_path / "d.jsonl").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "a", target_is_directory=True)
+    every = JsonLinesDirectory(tmp_path)
+    # By parts, as paths sort: "a/..." before "a-c/..." although "-" sorts before "/" in a string.
+    expected = ["a/.h.jsonl", "a/b/y.jsonl", "a/sub/z.jsonl", "a-c/x.jsonl", "b.jsonl", "sub/w.jsonl"]
+    assert every.listed() == expected == [p.relative_to(tmp_path).as_posix() for p in sorted(tmp_path.rglob("*.jsonl"))
+                                          if p.is_file() and "link" not in p.parts]
+    assert [e.path for e in every.discover(set(), 100, 2**30)] == expected
+    assert [e.path for e in every.discover({"a/.h.jsonl", "b.jsonl"}, 2, 2**30)] == ["a/b/y.jsonl", "a/sub/z.jsonl"]
+    assert JsonLinesDirectory(tmp_path, "sub/*.jsonl").listed() == ["a/sub/z.jsonl", "sub/w.jsonl"]
+

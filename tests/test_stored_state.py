@@ -91,10 +91,10 @@ def test_a_home_written_in_the_previous_format_loads_and_carries_on(tmp_path: Pa
     assert (source.app_id, source.checkpoints.first_batch) == (app, 3)
 
     checkpoint = source.checkpoints.load()
-    assert (checkpoint.version, checkpoint.committed_batch, checkpoint.next_batch) == (1, 4, 5)
+    assert (checkpoint.version, checkpoint.committed_batch, checkpoint.next_batch) == (2, 4, 5)
     assert (checkpoint.min_event_time_ms, checkpoint.max_event_time_ms) == (T + 5_000, T + 190_000)
     assert checkpoint.recent_batches == [(3, T + 5_000), (4, T + 30_000)]
-    assert checkpoint.taken_files == {"a.jsonl": FileEntry(path="a.jsonl", size=120, sha256=SHA_A)}
+    assert checkpoint.taken_files == ["a.jsonl"]  # format 2 keeps the paths only; the plans keep the rest
     assert (checkpoint.totals, checkpoint.watermark) == ({"inserted": 9, "received": 10}, {"watermark_ms": T + 151_000})
     assert checkpoint.updated_at_ms == T + 200_000
 
@@ -128,8 +128,7 @@ def test_a_home_written_in_the_previous_format_loads_and_carries_on(tmp_path: Pa
     assert (written["version"], written["attempts"][0]["error"], "revision" in written) == (1, "boom", False)
     source.checkpoints.update(lambda c: c.model_copy(update={"committed_batch": 5}))
     rewritten = json.loads(lake.checkpoints().read(f"{app}/checkpoint.json") or b"")
-    assert (rewritten["version"], rewritten["committed_batch"], rewritten["taken_files"]) == (
-        1, 5, {"a.jsonl": {"path": "a.jsonl", "sha256": SHA_A, "size": 120}})
+    assert (rewritten["version"], rewritten["committed_batch"], rewritten["taken_files"]) == (2, 5, ["a.jsonl"])
     assert epochs.advance("events", 6) == 2
     assert (epochs.current("events"), epochs.first_batches("events")) == (2, [1, 3, 6])
 
@@ -169,8 +168,8 @@ def test_a_plan_carried_by_a_delta_commit_in_the_previous_format_loads(tmp_path:
 
 
 def future(document: bytes) -> bytes:
-    """`document` as a newer onceflow might write it: format version 2, with a field this code does not know."""
-    return document[:-1] + b', "version": 2, "shards": 4}'
+    """`document` as a newer onceflow might write it: format version 9, with a field this code does not know."""
+    return document[:-1] + b', "version": 9, "shards": 4}'
 
 
 FUTURE_CASES: dict[str, tuple[str, str, bytes, Callable[[LakeResource], object]]] = {
@@ -194,10 +193,11 @@ def test_a_document_from_a_newer_onceflow_fails_naming_where_it_is(home: Path, c
     lake.commits().write(f"sequences/{SEQ}.json", SEQUENCE_V0)  # the commit state's sequence
     getattr(lake, store)().write(key, future(document))
     where = str(home / store / key)
-    with pytest.raises(UnknownStateVersion, match=rf"^{re.escape(where)}: \w+ format version 2 is unknown "
-                                                  r"\(this onceflow reads versions up to 1\)") as raised:
+    known = 2 if case == "checkpoint" else 1  # format 2 of a checkpoint keeps the paths of the files taken only
+    with pytest.raises(UnknownStateVersion, match=rf"^{re.escape(where)}: \w+ format version 9 is unknown "
+                                                  rf"\(this onceflow reads versions up to {known}\)") as raised:
         load(lake)
-    assert (raised.value.where, raised.value.found, raised.value.known) == (where, 2, 1)
+    assert (raised.value.where, raised.value.found, raised.value.known) == (where, 9, known)
 
 
 def test_a_document_that_does_not_match_its_format_fails_naming_where_it_is(home: Path) -> None:
@@ -209,3 +209,10 @@ def test_a_document_that_does_not_match_its_format_fails_naming_where_it_is(home
         CloseStore(lake.panes(), "a").latest(Window(T, T + 60_000))
     with pytest.raises(InvalidStoredState, match=rf"^{re.escape(str(home))}/checkpoints/s/checkpoint.json: not JSON"):
         CheckpointStore(lake.checkpoints(), "s").load()
+
+
+def test_a_checkpoint_of_format_1_keeps_the_paths_of_the_files_it_took(home: Path) -> None:
+    lake = LakeResource(home=str(home))
+    lake.checkpoints().write("s/checkpoint.json", CHECKPOINT_V0[:-1] + b', "version": 1}')
+    checkpoint = CheckpointStore(lake.checkpoints(), "s").load()
+    assert (checkpoint.version, checkpoint.committed_batch, checkpoint.taken_files) == (2, 4, ["a.jsonl"])

@@ -157,6 +157,9 @@ def check_source(source: Source, fail: Callable[[str, str], None]) -> None:
             value = getattr(source, name)
             if value is not None and (not isinstance(value, str) or not IDENTIFIER.match(value)):
                 fail(f"source.{name}", f"{value!r}: use letters, digits and '_'")
+        if isinstance(source.pattern, str) and {"", ".", "..", "**"} & set(source.pattern.split("/")):
+            fail("source.pattern", f"{source.pattern!r}: a pattern matches a file's name, or its name and the "
+                 "directories right above it (`sub/*.jsonl`), at any depth: no '**', '.', '..' or empty part")
         if isinstance(source.pattern, str) and source.pattern.lower().endswith(COMPRESSED):
             fail("source.pattern", f"{source.pattern!r}: compressed files are not read (a record's position is its "
                  "byte offset in the file, and files are counted by their lines): decompress them into the directory")

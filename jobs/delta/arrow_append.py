@@ -12,6 +12,7 @@ from deltalake import (
     ColumnProperties,
     CommitProperties,
     DeltaTable,
+    PostCommitHookProperties,
     Transaction,
     WriterProperties,
     write_deltalake,
@@ -22,6 +23,18 @@ from onceflow.resources.spark import PER_RECORD_COLUMNS
 
 ARROW_UNWRITABLE = frozenset({"variantType", "variantType-preview"})
 """Table features whose columns delta-rs cannot write: such a table's rows are written by Delta's writer."""
+DELTA_RS_CHECKPOINT_INTERVAL = 100
+"""delta-rs's checkpoint interval for a table that does not set `delta.checkpointInterval`."""
+
+
+def post_commit_hooks(table: DeltaTable) -> PostCommitHookProperties:
+    """What delta-rs does after a commit on `table` (at the version before it): a checkpoint every
+    `delta.checkpointInterval` commits, and with it, only then, the log entries past the table's retention removed
+    (if the table allows), as Spark's Delta does. delta-rs would clean the log after every commit, listing all of
+    it: a commit on a log of 2,000 commits cost 30 ms, against 8 ms without."""
+    interval = int(table.metadata().configuration.get("delta.checkpointInterval", DELTA_RS_CHECKPOINT_INTERVAL))
+    checkpointed = (table.version() + 2) % interval == 0  # delta-rs checkpoints version v when interval divides v + 1
+    return PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=None if checkpointed else False)
 
 
 def arrow_writable(table: DeltaTable) -> bool:
@@ -54,5 +67,6 @@ def append_arrow_once(
             app_transactions=[Transaction(app_id, version)],
             max_commit_retries=None if rebase else 0,
         ),
+        post_commithook_properties=post_commit_hooks(table),
     )
     return True

@@ -28,7 +28,7 @@ from deltalake.transaction import AddAction, CommitProperties, Transaction
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from onceflow.jobs.delta.arrow_append import append_arrow_once, arrow_writable
+from onceflow.jobs.delta.arrow_append import append_arrow_once, arrow_writable, post_commit_hooks
 from onceflow.jobs.delta.commit_log import holds_batch
 from onceflow.jobs.delta.schema_evolution import TableSchemaError, conform, conform_arrow
 from onceflow.jobs.delta.staging import write_staged
@@ -198,6 +198,7 @@ def append_once(
             # On the version the rows were found new against, any commit since is a conflict, never a rebase.
             max_commit_retries=0 if read_version is not None else None,
         ),
+        post_commithook_properties=post_commit_hooks(table),
     )
     return True
 

@@ -191,7 +191,7 @@ def learn_committed(
         plan = source.checkpoints.get_plan(batch) or source.plans.plan_in(metadata)
         if plan is None:
             continue
-        c.taken_files.update({f.path: f for f in plan.files})
+        c.took(plan.files)
         try:
             source.reader.after_commit(watermark, plan, _Realigned(times[1] if times else None), _now_ms())
         except FileNotFoundError:
@@ -252,7 +252,7 @@ def advanced(
     checkpoint.committed_batch = plan.batch_id
     if result.min_event_time_ms is not None and result.max_event_time_ms is not None:
         with_event_times(checkpoint, plan.batch_id, result.min_event_time_ms, result.max_event_time_ms)
-    checkpoint.taken_files.update({f.path: f for f in plan.files})
+    checkpoint.took(plan.files)
     for name, count in (
         ("received", result.received),
         ("inserted", result.inserted),

@@ -24,6 +24,7 @@ from deltalake.exceptions import TableNotFoundError
 from deltalake.transaction import CommitProperties, Transaction
 
 from onceflow.jobs.declare.declaration import Pipeline
+from onceflow.jobs.delta.arrow_append import post_commit_hooks
 from onceflow.jobs.ingest.micro_batch import lake_batch
 from onceflow.jobs.sources.checkpoint import EpochStore
 from onceflow.jobs.sources.reader import SourceRuntime, app_id, open_source
@@ -93,6 +94,7 @@ def fence(source: SourceRuntime, batch: int) -> None:
             [], "append", table.schema(), partition_by=table.metadata().partition_columns,
             commit_properties=CommitProperties(custom_metadata={"userMetadata": json.dumps(metadata, sort_keys=True)},
                                                app_transactions=[Transaction(source.app_id, batch)]),
+            post_commithook_properties=post_commit_hooks(table),
         )
 
 
