@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from onceflow.jobs.sources.checkpoint import SourceCheckpoint
 from onceflow.resources import files
 from onceflow.resources.files import FileChangedError, FileEntry, JsonLinesDirectory, fingerprint, records_in
 
@@ -85,3 +86,17 @@ def test_a_directory_lists_what_rglob_matches_sorted_by_parts_without_following_
     assert [e.path for e in every.discover({"a/.h.jsonl", "b.jsonl"}, 2, 2**30)] == ["a/b/y.jsonl", "a/sub/z.jsonl"]
     assert JsonLinesDirectory(tmp_path, "sub/*.jsonl").listed() == ["a/sub/z.jsonl", "sub/w.jsonl"]
 
+
+
+def test_a_checkpoints_copy_to_change_shares_nothing_with_it() -> None:
+    checkpoint = SourceCheckpoint(committed_batch=5, taken_files=["a.jsonl"], recent_batches=[(5, 1)],
+                                  totals={"received": 1}, watermark={"streams": {"0": [1, 2]}})
+    copied = checkpoint.copied()
+    assert copied == checkpoint
+    copied.took([FileEntry("b.jsonl", 1, "0" * 64)])
+    copied.recent_batches.append((6, 2))
+    copied.totals["received"] = 2
+    copied.watermark["streams"]["0"].append(3)
+    assert checkpoint == SourceCheckpoint(committed_batch=5, taken_files=["a.jsonl"], recent_batches=[(5, 1)],
+                                          totals={"received": 1}, watermark={"streams": {"0": [1, 2]}})
+    assert copied.taken_files == ["a.jsonl", "b.jsonl"]

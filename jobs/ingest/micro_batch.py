@@ -88,7 +88,7 @@ def _read_next(
     commits (`result`: its counts and event times so far), after `after` (its dead letters' commit)."""
     if not source.reader.reads_ahead or not rows_to_driver(source):  # else the batch's own Spark jobs come after
         return
-    committed = advanced(source, checkpoint.model_copy(deep=True), plan, result)
+    committed = advanced(source, checkpoint.copied(), plan, result)
     if committed is None:
         return
     floor = horizon_floor_ms(source.pipeline.delivery, source.pipeline.dedup_horizon_s, committed)
