@@ -16,6 +16,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import os
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -66,17 +67,16 @@ class JsonLinesDirectory:
         """The relative paths of the files the pattern matches at any depth, as `Path.rglob` does (the pattern's
         parts match a path's last parts; links to directories are not followed), sorted by their parts.
 
-        Listed as strings: a directory that keeps its files is listed on every poll, and `Path` objects cost a poll
-        of 450 files 12 ms."""
-        parts = self.pattern.split("/")
-        found = []
+        Listed as strings, each part's pattern compiled once: a directory that keeps its files is listed on every
+        poll, and `Path.rglob` cost a poll of 450 files 12 ms."""
+        *above, last = (re.compile(fnmatch.translate(part)).match for part in self.pattern.split("/"))
+        found: list[tuple[str, ...]] = []
         for top, _, names in os.walk(self.directory):
-            prefix = os.path.relpath(top, self.directory).replace(os.sep, "/").split("/")
-            prefix = [] if prefix == ["."] else prefix
-            for name in names:
-                rel = [*prefix, name]
-                if len(rel) >= len(parts) and all(map(fnmatch.fnmatchcase, rel[-len(parts):], parts)):
-                    found.append(rel)
+            rel = os.path.relpath(top, self.directory)
+            prefix = () if rel == "." else tuple(rel.split(os.sep))
+            if above and (len(prefix) < len(above) or not all(m(d) for m, d in zip(above, prefix[-len(above):], strict=True))):
+                continue
+            found += ((*prefix, name) for name in names if last(name))
         return ["/".join(rel) for rel in sorted(found)]
 
     def path_of(self, entry: FileEntry) -> str:
