@@ -102,18 +102,36 @@ def writable_table(uri: str, version: int) -> DeltaTable:
 
 def transaction_version(uri: str, app_id: str) -> int | None:
     """The SetTransaction version the table at `uri` holds for `app_id` now (None if none), from its log."""
-    return _moved("tracked", uri, None).transaction_version(app_id)
+    return _newest(uri).transaction_version(app_id)
 
 
 def newest_version(uri: str) -> int:
     """The table's newest version, from its log."""
-    return _moved("tracked", uri, None).version()
+    return _newest(uri).version()
 
 
 def table_head(uri: str) -> tuple[int, str]:
     """The table's newest version and its Delta table id, from one reading of its log."""
-    table = _moved("tracked", uri, None)
+    table = _newest(uri)
     return table.version(), table.metadata().id
+
+
+def _newest(uri: str) -> DeltaTable:
+    """This thread's table of `uri` at its newest version, to read its log here only: the table this thread last
+    wrote through while its commit is the newest (a write moves it to its own commit, and following that commit
+    with another table lists the log: a cost growing with it), else its table to read moved forward (`_moved`)."""
+    writable: OrderedDict[str, tuple[DeltaTable, int, int, tuple]] = _held.__dict__.setdefault("writable", OrderedDict())
+    if (kept := writable.get(uri)) is not None:
+        table, read_at, at, stamp = kept
+        if table.version() > at:  # written through since: its commit's stamp, while the table is the one it was
+            now, newer = _log_from(uri, table.version())
+            if newer or now is None or _log_from(uri, at)[0] != stamp:
+                return _moved("tracked", uri, None)
+            writable[uri] = table, read_at, table.version(), now
+            return table
+        if _log_from(uri, at) == (stamp, False):
+            return table
+    return _moved("tracked", uri, None)
 
 
 def _moved(kind: str, uri: str, version: int | None) -> DeltaTable:

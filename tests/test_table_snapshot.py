@@ -1,7 +1,8 @@
 """`table_snapshot`: a table read at its newest version is given again only while its log has no later commit and
 its commit file is the one it was read from, on local disk and on GCS (the emulator); a table re-created or
 restored at the same path is read anew. `writable_table`: a table to write is moved forward through the commits since
-the one it was given at, and read anew when it was re-created; the replay check's reads of a log follow every commit."""
+the one it was given at, and read anew when it was re-created; the replay check's reads of a log follow every commit,
+and read a thread's own commit from the table it wrote through."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from onceflow.resources.delta_storage import (
     REREAD_VERSIONS,
     newest_version,
     storage_options,
+    table_head,
     table_snapshot,
     transaction_version,
     writable_table,
@@ -136,3 +138,33 @@ def _check_log_reads(uri: str, remove: Callable[[str], None]) -> None:
 
 def test_a_tables_log_reads_follow_every_commit(place: tuple[str, Callable[[str], None]]) -> None:
     _check_log_reads(*place)
+
+
+def _check_reads_after_own_writes(uri: str, remove: Callable[[str], None], monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a write through this thread's table to write, the replay check reads its commit from that table (no
+    other table follows the log); a commit by another writer, or a re-creation, is still seen."""
+    _commit_batch(uri, 1)
+    for batch in range(2, 5):
+        written = writable_table(uri, newest_version(uri))
+        write_deltalake(written, pa.table({"record_id": [f"r{batch}"]}), mode="append",
+                        commit_properties=CommitProperties(app_transactions=[Transaction("app", batch)]))
+        with monkeypatch.context() as patched:
+            patched.setattr(DeltaTable, "update_incremental", lambda _: pytest.fail("the log was followed"))
+            assert (transaction_version(uri, "app"), newest_version(uri), table_head(uri)[0]) == (
+                batch, batch - 1, batch - 1)
+    _append(uri, "other")  # another writer, no transaction of the app
+    assert (transaction_version(uri, "app"), newest_version(uri)) == (4, 4)
+    written = writable_table(uri, 4)
+    write_deltalake(written, pa.table({"record_id": ["r5"]}), mode="append",
+                    commit_properties=CommitProperties(app_transactions=[Transaction("app", 5)]))
+    assert (transaction_version(uri, "app"), newest_version(uri)) == (5, 5)
+    remove(uri)  # re-created with as many commits, none of the app's: the newest commit file is another one
+    for record in range(6):
+        _append(uri, f"x{record}")
+    assert (transaction_version(uri, "app"), newest_version(uri)) == (None, 5)
+
+
+def test_the_replay_check_reads_a_threads_own_commit_from_the_table_it_wrote_through(
+    place: tuple[str, Callable[[str], None]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _check_reads_after_own_writes(*place, monkeypatch)
