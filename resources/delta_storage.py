@@ -120,7 +120,8 @@ def _newest(uri: str) -> DeltaTable:
     """This thread's table of `uri` at its newest version, to read its log here only: the table this thread last
     wrote through while its commit is the newest (a write moves it to its own commit, and following that commit
     with another table lists the log: a cost growing with it), else its table to read moved forward (`_moved`)."""
-    writable: OrderedDict[str, tuple[DeltaTable, int, int, tuple]] = _held.__dict__.setdefault("writable", OrderedDict())
+    writable: OrderedDict[str, tuple[DeltaTable, int, int, tuple]]
+    writable = _held.__dict__.setdefault("writable", OrderedDict())
     if (kept := writable.get(uri)) is not None:
         table, read_at, at, stamp = kept
         if table.version() > at:  # written through since: its commit's stamp, while the table is the one it was

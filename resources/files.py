@@ -74,7 +74,8 @@ class JsonLinesDirectory:
         for top, _, names in os.walk(self.directory):
             rel = os.path.relpath(top, self.directory)
             prefix = () if rel == "." else tuple(rel.split(os.sep))
-            if above and (len(prefix) < len(above) or not all(m(d) for m, d in zip(above, prefix[-len(above):], strict=True))):
+            if above and (len(prefix) < len(above)
+                          or not all(m(d) for m, d in zip(above, prefix[-len(above):], strict=True))):
                 continue
             found += ((*prefix, name) for name in names if last(name))
         return ["/".join(rel) for rel in sorted(found)]

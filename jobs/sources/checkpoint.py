@@ -64,7 +64,7 @@ class SourceCheckpoint(Stored):
     @classmethod
     def upgrade(cls, raw: dict[str, Any], version: int) -> dict[str, Any]:
         # Format 2 keeps only the paths of the files taken: each one's size and hash are in its batch's plan, and
-        # the checkpoint, read, copied and written by every batch, cost one of 450 files 20 ms a batch with them.
+        # with them the checkpoint, read, copied and written by every batch, grew by 130 bytes a file.
         return {**raw, "taken_files": sorted(raw.get("taken_files", {}))}
 
     @property
