@@ -7,7 +7,7 @@ import json
 import os
 import threading
 from collections import OrderedDict
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 import pyarrow.fs as pafs
@@ -74,6 +74,7 @@ def table_snapshot(uri: str, version: int | None = None) -> DeltaTable:
     is unchanged and no later one exists: one look at the log (a listing from that commit on, on GCS) instead of
     a reading of it.
     """
+    uri = _canonical(uri)
     tables: OrderedDict[str, _Held] = _held.__dict__.setdefault("tables", OrderedDict())
     held = tables.get(uri)
     if held is not None and version in (None, held.table.version()):
@@ -100,39 +101,66 @@ def writable_table(uri: str, version: int) -> DeltaTable:
     return _moved("writable", uri, version)
 
 
+class _Commit(NamedTuple):
+    """A commit this process made: the table's version it made, that version's commit file stamp (`_log_from`),
+    the table's Delta id, and the transaction `(app id, batch)` the commit carried."""
+
+    version: int
+    stamp: tuple[int, int | None]
+    table_id: str
+    app_id: str
+    batch: int
+
+
+_commits: dict[str, _Commit] = {}
+_commits_lock = threading.Lock()
+
+
+def made_commit(uri: str, version: int, table_id: str, app_id: str, batch: int) -> None:
+    """Note that this process just made commit `version` of the table at `uri` (Delta id `table_id`), carrying the
+    transaction `(app_id, batch)`.
+
+    Until another commit follows it, the replay check and the filters read the table's newest version, its id and
+    the app id's transaction from here, on any thread: following the commit with a table of their own would list
+    the log (on local disk the whole `_delta_log`, a cost that grows with it: 3 ms at 500 commits), and a batch's
+    dead letters commit on a thread of their own, which the next batch asks about on its main thread."""
+    uri = _canonical(uri)
+    stamp = _log_from(uri, version)[0]
+    if stamp is not None:
+        with _commits_lock:
+            _commits[uri] = _Commit(version, stamp, table_id, app_id, batch)
+
+
+def _last_commit(uri: str) -> _Commit | None:
+    """This process's last commit to the table at `uri` (`made_commit`) while it is the newest, and its commit file
+    the one that commit wrote (a table re-created or restored at the path shows another, or none)."""
+    with _commits_lock:
+        made = _commits.get(uri)
+    return made if made is not None and _log_from(uri, made.version) == (made.stamp, False) else None
+
+
 def transaction_version(uri: str, app_id: str) -> int | None:
     """The SetTransaction version the table at `uri` holds for `app_id` now (None if none), from its log."""
-    return _newest(uri).transaction_version(app_id)
+    uri = _canonical(uri)
+    if (made := _last_commit(uri)) is not None and made.app_id == app_id:
+        return made.batch
+    return _moved("tracked", uri, None).transaction_version(app_id)
 
 
 def newest_version(uri: str) -> int:
     """The table's newest version, from its log."""
-    return _newest(uri).version()
+    uri = _canonical(uri)
+    made = _last_commit(uri)
+    return made.version if made is not None else _moved("tracked", uri, None).version()
 
 
 def table_head(uri: str) -> tuple[int, str]:
     """The table's newest version and its Delta table id, from one reading of its log."""
-    table = _newest(uri)
+    uri = _canonical(uri)
+    if (made := _last_commit(uri)) is not None:
+        return made.version, made.table_id
+    table = _moved("tracked", uri, None)
     return table.version(), table.metadata().id
-
-
-def _newest(uri: str) -> DeltaTable:
-    """This thread's table of `uri` at its newest version, to read its log here only: the table this thread last
-    wrote through while its commit is the newest (a write moves it to its own commit, and following that commit
-    with another table lists the log: a cost growing with it), else its table to read moved forward (`_moved`)."""
-    writable: OrderedDict[str, tuple[DeltaTable, int, int, tuple]]
-    writable = _held.__dict__.setdefault("writable", OrderedDict())
-    if (kept := writable.get(uri)) is not None:
-        table, read_at, at, stamp = kept
-        if table.version() > at:  # written through since: its commit's stamp, while the table is the one it was
-            now, newer = _log_from(uri, table.version())
-            if newer or now is None or _log_from(uri, at)[0] != stamp:
-                return _moved("tracked", uri, None)
-            writable[uri] = table, read_at, table.version(), now
-            return table
-        if _log_from(uri, at) == (stamp, False):
-            return table
-    return _moved("tracked", uri, None)
 
 
 def _moved(kind: str, uri: str, version: int | None) -> DeltaTable:
@@ -143,6 +171,7 @@ def _moved(kind: str, uri: str, version: int | None) -> DeltaTable:
     A table moved forward replays every commit since it was read, on each use, so it is read anew once
     `REREAD_VERSIONS` past that; and when `version` is older than it, or when the log no longer holds the commit
     file it was last at (the table re-created or restored at the same path)."""
+    uri = _canonical(uri)
     tables: OrderedDict[str, tuple[DeltaTable, int, int, tuple]] = _held.__dict__.setdefault(kind, OrderedDict())
     kept, table = tables.pop(uri, None), None
     if kept is not None:
@@ -165,6 +194,13 @@ def _moved(kind: str, uri: str, version: int | None) -> DeltaTable:
         while len(tables) > _HELD_TABLES:
             tables.popitem(last=False)
     return table
+
+
+def _canonical(uri: str) -> str:
+    """One name for a table however it is spelt: as onceflow's settings give it (`/lake/raw/events`), or as
+    delta-rs gives it back (`DeltaTable.table_uri`: `file:///lake/raw/events/`). A table kept under one name is
+    found under the other, and not followed through the log by a second table."""
+    return uri.removeprefix("file://").rstrip("/")
 
 
 def _log_from(uri: str, version: int) -> tuple[tuple[int, int | None] | None, bool]:

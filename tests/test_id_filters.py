@@ -252,37 +252,38 @@ def test_fingerprints_find_exactly_the_committed_ids(tmp_path: Path) -> None:
     assert BucketFilter.from_bytes(bucket.to_bytes()).contains(asked).tolist() == bucket.contains(asked).tolist()
 
 
-def test_a_search_through_a_runs_sample_lands_where_a_binary_search_does() -> None:
-    """The first position at or after each key, in runs of many repeats and none, of every length around the
-    sample's stride, for keys before, among, between and after the run's."""
+def test_a_search_through_a_runs_directory_lands_where_a_binary_search_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first position at or after each key, in runs of many repeats and none, short and long, packed in one
+    block of the directory or spread over all 64 bits, for keys before, among, between and after the run's."""
     from onceflow.jobs.dedup import id_filters
 
+    monkeypatch.setattr(id_filters, "_DIRECTORY_FROM", 0)
     rng = np.random.default_rng(3)
-    for size in (1, 2, 63, 64, 65, 128, 1000, 4097):
-        for spread in (3, 10**6):
-            first = np.sort(rng.integers(10, 10 + spread, size).astype(np.uint64))
-            keys = np.sort(np.concatenate([first[rng.integers(0, size, 50)], rng.integers(0, 20 + spread, 50)]
-                                          ).astype(np.uint64))
+    for size in (1, 2, 3, 4, 5, 63, 64, 65, 1000, 4097):
+        for spread in (3, 10**6, 2**64 - 1):
+            low, high = min(10, 2**64 - 1 - spread), min(20 + spread, 2**64 - 1)
+            first = np.sort(rng.integers(low, low + spread, size, dtype=np.uint64, endpoint=True))
+            keys = np.sort(np.concatenate([first[rng.integers(0, size, 50)],
+                                           rng.integers(0, high, 50, dtype=np.uint64, endpoint=True)]))
             keys = np.concatenate([np.array([0], np.uint64), keys, np.array([2**64 - 1], np.uint64)])
-            sample = first[:: id_filters._SAMPLE_EVERY].copy()
-            found = id_filters._first_at_least(first, keys, sample)
+            found = id_filters._first_at_least(first, keys, id_filters._directory(first))
             assert found.tolist() == np.searchsorted(first, keys).tolist(), (size, spread)
 
 
-@pytest.mark.parametrize("sampled", [False, True], ids=["binary search", "through a sample"])
+@pytest.mark.parametrize("directory", [False, True], ids=["binary search", "through a directory"])
 def test_filters_answer_for_every_id_added_as_they_are_added_dropped_and_refilled(
-    sampled: bool, monkeypatch: pytest.MonkeyPatch
+    directory: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The filters' one sorted run of every bucket (and its recent additions, kept apart until they are a sixteenth
     of it) answers as the buckets searched one by one do: checked against the IDs themselves through adds, drops below the horizon and
     a refilled bucket, asking for IDs held, IDs gone and IDs never added, many sharing a first half. Runs are
-    searched as big ones are too, through every 64th first half, when `sampled`."""
+    searched as big ones are too, through a directory of their first halves' leading bits, when `directory`."""
     from onceflow.jobs.dedup import id_filters
     from onceflow.jobs.dedup.fingerprints import Fingerprints
     from onceflow.jobs.dedup.id_filters import IdFilters
 
-    if sampled:
-        monkeypatch.setattr(id_filters, "_SAMPLED_FROM", 0)
+    if directory:
+        monkeypatch.setattr(id_filters, "_DIRECTORY_FROM", 0)
 
     rng = np.random.default_rng(7)
     filters, held, gone = IdFilters(version=0), {}, set()  # held: fingerprint -> bucket, the model

@@ -2,13 +2,14 @@
 its commit file is the one it was read from, on local disk and on GCS (the emulator); a table re-created or
 restored at the same path is read anew. `writable_table`: a table to write is moved forward through the commits since
 the one it was given at, and read anew when it was re-created; the replay check's reads of a log follow every commit,
-and read a thread's own commit from the table it wrote through."""
+and read this process's own last commit from what it noted, on any thread, whichever way the table's URI is spelt."""
 
 from __future__ import annotations
 
 import shutil
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pyarrow as pa
@@ -18,6 +19,7 @@ from deltalake.exceptions import TableNotFoundError
 from deltalake.transaction import CommitProperties, Transaction
 from google.cloud import storage
 
+from onceflow.jobs.delta.arrow_append import append_arrow_once
 from onceflow.resources.delta_storage import (
     REREAD_VERSIONS,
     newest_version,
@@ -141,30 +143,38 @@ def test_a_tables_log_reads_follow_every_commit(place: tuple[str, Callable[[str]
 
 
 def _check_reads_after_own_writes(uri: str, remove: Callable[[str], None], monkeypatch: pytest.MonkeyPatch) -> None:
-    """After a write through this thread's table to write, the replay check reads its commit from that table (no
-    other table follows the log); a commit by another writer, or a re-creation, is still seen."""
+    """After this process's commit (`append_arrow_once`, on a thread of its own as a batch's dead letters are), the
+    replay check and the filters read it on any thread without following the log; asking for another app id, a
+    commit by another writer, or a re-creation is still seen."""
     _commit_batch(uri, 1)
-    for batch in range(2, 5):
+    committer = ThreadPoolExecutor(1)
+
+    def commit(batch: int) -> str:
         written = writable_table(uri, newest_version(uri))
-        write_deltalake(written, pa.table({"record_id": [f"r{batch}"]}), mode="append",
-                        commit_properties=CommitProperties(app_transactions=[Transaction("app", batch)]))
+        assert append_arrow_once(written, pa.table({"record_id": [f"r{batch}"]}), "app", batch, {})
+        return written.table_uri
+
+    for batch in range(2, 5):
+        spelt = committer.submit(commit, batch).result()
         with monkeypatch.context() as patched:
             patched.setattr(DeltaTable, "update_incremental", lambda _: pytest.fail("the log was followed"))
-            assert (transaction_version(uri, "app"), newest_version(uri), table_head(uri)[0]) == (
-                batch, batch - 1, batch - 1)
+            head = (transaction_version(uri, "app"), newest_version(uri), table_head(uri))
+            assert head == (batch, batch - 1, (batch - 1, table_snapshot(uri, 0).metadata().id))
+            # Asked by the name delta-rs gives it (`file:///.../t/`), the same table.
+            assert (transaction_version(spelt, "app"), newest_version(spelt)) == (batch, batch - 1)
+        assert transaction_version(uri, "another app") is None
     _append(uri, "other")  # another writer, no transaction of the app
     assert (transaction_version(uri, "app"), newest_version(uri)) == (4, 4)
-    written = writable_table(uri, 4)
-    write_deltalake(written, pa.table({"record_id": ["r5"]}), mode="append",
-                    commit_properties=CommitProperties(app_transactions=[Transaction("app", 5)]))
+    committer.submit(commit, 5).result()
     assert (transaction_version(uri, "app"), newest_version(uri)) == (5, 5)
     remove(uri)  # re-created with as many commits, none of the app's: the newest commit file is another one
     for record in range(6):
         _append(uri, f"x{record}")
-    assert (transaction_version(uri, "app"), newest_version(uri)) == (None, 5)
+    assert (transaction_version(uri, "app"), newest_version(uri), table_head(uri)[0]) == (None, 5, 5)
+    committer.shutdown()
 
 
-def test_the_replay_check_reads_a_threads_own_commit_from_the_table_it_wrote_through(
+def test_the_replay_check_reads_this_processs_own_commit_on_any_thread(
     place: tuple[str, Callable[[str], None]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _check_reads_after_own_writes(*place, monkeypatch)

@@ -19,6 +19,7 @@ from deltalake import (
 )
 
 from onceflow.jobs.delta.commit_log import holds_batch
+from onceflow.resources.delta_storage import made_commit
 from onceflow.resources.spark import PER_RECORD_COLUMNS
 
 ARROW_UNWRITABLE = frozenset({"variantType", "variantType-preview"})
@@ -69,4 +70,5 @@ def append_arrow_once(
         ),
         post_commithook_properties=post_commit_hooks(table),
     )
+    made_commit(table.table_uri, table.version(), table.metadata().id, app_id, version)  # the table is at its commit
     return True

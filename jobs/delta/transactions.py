@@ -33,7 +33,13 @@ from onceflow.jobs.delta.commit_log import holds_batch
 from onceflow.jobs.delta.schema_evolution import TableSchemaError, conform, conform_arrow
 from onceflow.jobs.delta.staging import write_staged
 from onceflow.jobs.delta.table_features import complete_protocol
-from onceflow.resources.delta_storage import newest_version, storage_options, table_snapshot, writable_table
+from onceflow.resources.delta_storage import (
+    made_commit,
+    newest_version,
+    storage_options,
+    table_snapshot,
+    writable_table,
+)
 
 _APP_ID = "spark.databricks.delta.write.txnAppId"
 _VERSION = "spark.databricks.delta.write.txnVersion"
@@ -200,6 +206,8 @@ def append_once(
         ),
         post_commithook_properties=post_commit_hooks(table),
     )
+    if read_version is not None:  # committed as the very next version, which `table` does not move to
+        made_commit(path, read_version + 1, table.metadata().id, app_id, version)
     return True
 
 
