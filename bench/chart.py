@@ -8,7 +8,8 @@ from typing import Any
 from bench.report import extras, fmt
 
 COLORS = {
-    "exactly_once": "tab:blue", "at_least_once": "tab:orange", "streaming_dedup": "tab:green",
+    "exactly_once": "tab:blue", "at_least_once": "tab:orange", "exactly_once_dagster": "tab:cyan",
+    "streaming_dedup": "tab:green",
     "streaming_merge": "tab:olive", "floor": "tab:gray",
 }
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import peer
-from bench.ingest_throughput import Config
+from bench.ingest_throughput import THROUGH_DAGSTER, Config
 from bench.loaded_growth import lines as loaded_growth_lines
 from bench.stages import stage_lines, stage_medians, stage_text
 
@@ -28,6 +28,8 @@ SPARK_SETTINGS = (
 TIMED = {
     "exactly_once": "drain only: run_micro_batch until None (plan, read, validate, dedup, MERGE, checkpoint)",
     "at_least_once": "drain only: run_micro_batch until None (plan, read, validate, append, checkpoint)",
+    "exactly_once_dagster": "the Dagster job ingest_<name>'s worker runs, in process on a SQLite instance: the first "
+    "run's start to the last batch's commit (its materialization's committed_at_ms)",
     "streaming_dedup": "start() to termination: availableNow, dropDuplicatesWithinWatermark, foreachBatch append",
     "streaming_merge": "start() to termination: availableNow, foreachBatch dropDuplicates + insert-only MERGE",
     "floor": "spark.read.json -> write delta append (one action)",
@@ -147,6 +149,10 @@ def dataset(config: Config, ran: dict[str, Any]) -> dict[str, Any]:
             "peer_rps": rps("streaming_dedup"),
             "throughput_ratio": _ratio(onceflow, rps("streaming_dedup")),
             "throughput_ratio_by_round": by_round.get("streaming_dedup"),
+            # Exactly-once as users run it, through Dagster (`bench.ingest_throughput._drain_by_job`).
+            "dagster_rps": rps(THROUGH_DAGSTER),
+            "dagster_throughput_ratio": _ratio(rps(THROUGH_DAGSTER), rps("streaming_dedup")),
+            "dagster_throughput_ratio_by_round": round_ratios(summary, THROUGH_DAGSTER, "streaming_dedup"),
             "merge_peer_rps": rps("streaming_merge"),
             "merge_throughput_ratio": _ratio(onceflow, rps("streaming_merge")),
             "target_ratio": 1.0,
@@ -171,19 +177,23 @@ def table(result: dict[str, Any]) -> str:
         summary = ran["contenders"]
         files = ran["files"]
         lines += ["", f"{name}: {ran['description']}; {files['lines']:,} lines, {files['events']:,} distinct valid "
-                  "records", f"{'contender':<16} {'median records/s':>17} {'exactly_once ÷ it':>18} "
+                  "records", f"{'contender':<20} {'median records/s':>17} {'exactly_once ÷ it':>18} "
                   f"{'dups after replay':>18} {'peak RSS MiB':>13}"]
         onceflow = summary.get("exactly_once", {}).get("median_records_per_s")
         for contender, row in summary.items():
             ratio = _ratio(onceflow, row["median_records_per_s"])
             dups = row["duplicates_after_replay"]
             lines.append(
-                f"{contender:<16} {row['median_records_per_s']:>17,.0f} {'-' if ratio is None else f'{ratio:.2f}':>18} "
+                f"{contender:<20} {row['median_records_per_s']:>17,.0f} {'-' if ratio is None else f'{ratio:.2f}':>18} "
                 f"{'-' if dups is None else dups:>18} {row['peak_rss_bytes'] / 2**20:>13,.0f}"
             )
         for other, by_round in ran["exactly_once_ratio_by_round"].items():
             if by_round:
                 lines.append(f"exactly_once ÷ {other}, round by round: " + " ".join(f"{r:.2f}" for r in by_round))
+        through_dagster = ran["peer"].get("dagster_throughput_ratio_by_round")
+        if through_dagster:
+            lines.append(f"{THROUGH_DAGSTER} ÷ streaming_dedup, round by round: "
+                         + " ".join(f"{r:.2f}" for r in through_dagster))
         paired = ran["ingest_modes"]["ratio_by_round"]
         if paired:
             lines.append("exactly_once ÷ at_least_once, round by round, three runs each (A B ... B A A B): "
