@@ -31,6 +31,7 @@ from onceflow.jobs.sources.reader import open_source
 from onceflow.resources.delta_storage import delta_table
 from onceflow.resources.lake import LakeResource
 from onceflow.resources.pubsub import PubSubResource
+from onceflow.resources.settings import load_settings
 from onceflow.resources.spark import SparkResource
 
 NAME = "ingest_throughput"
@@ -157,11 +158,14 @@ def _drain_by_calls(spark: SparkSession, pipeline: Pipeline, lake: LakeResource)
 def _drain_by_job(pipeline: Pipeline, lake: LakeResource, work: Path, records: int) -> tuple[float, list[Batch]]:
     """The source drained as users run it: worker runs (`WORKER_RUN_S`) of the pipeline's Dagster job
     `ingest_<name>`, one after another until its `records` are in, executed in this process on a Dagster instance
-    of its own (SQLite, in a temporary directory), its Spark resource handing out this process's session. Timed
+    of its own (SQLite, in a temporary directory), its Spark resource handing out this process's session (or one
+    of the same Spark Connect server). Timed
     from the first run's start to the last batch's commit, as its materialization records it; the batches are
     the materializations' figures."""
     job = build_ingest_job(pipeline, run_s=WORKER_RUN_S)
-    resources = {"spark": SparkResource(), "lake": lake, "pubsub": PubSubResource()}
+    settings = load_settings()  # the engine a run gets: this session's, or its Spark Connect server (`--engine`)
+    resources = {"spark": SparkResource(master=settings.spark_master, remote=settings.spark_remote), "lake": lake,
+                 "pubsub": PubSubResource()}
     batches: list[Batch] = []
     with (tempfile.TemporaryDirectory(prefix="dagster-", dir=work) as dagster_home,
           dg.DagsterInstance.local_temp(dagster_home) as instance):

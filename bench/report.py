@@ -216,7 +216,8 @@ def _provenance(result: dict[str, Any]) -> str:
     return (f"started {result.get('started_at', '?')} on commit {(commit.get('sha') or '?')[:12]}"
             + (f" (with {len(modified)} files modified)" if modified else "")
             + (f"; load average (1 min) {' -> '.join(load)}" if load else "")
-            + (f"; {result['elapsed_s']:,.0f} s in all" if "elapsed_s" in result else ""))
+            + (f"; {result['elapsed_s']:,.0f} s in all" if "elapsed_s" in result else "")
+            + (f"; contenders' engine: {result['engine']}" if "engine" in result else ""))
 
 
 def fmt(value: float | None, unit: str = "") -> str:

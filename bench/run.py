@@ -1,5 +1,5 @@
 """Run the benchmarks: `python -m bench.run [--dataset clean|realistic|flights|all] [--only NAME] [--events N]
-[--rounds N]` (`make bench`).
+[--rounds N] [--engine classic|connect]` (`make bench`).
 
 One process, one Spark session (started before any timing); per data set (`bench.datasets`: `clean`, events
 plus 10% publisher retries; `realistic`, a clickstream as producers write it; `flights`, data onceflow did not
@@ -27,6 +27,8 @@ Then `table_growth` (`--growth-*`), `loaded_growth` (the same sizes, tables fill
 `bench/landing.py` (`--only landing` runs the Pub/Sub landing figure alone), `bench/kafka.py` (Kafka -> raw against
 Structured Streaming's Kafka source), `bench/profiles.py` (exactly-once on the `cluster-gcs` profile against
 `local`, each in its own process).
+With `--engine connect` the contenders are clients of a Spark Connect server on `local[2]` instead (what `make dev`
+and the demo run on), and the other benchmarks do not run.
 The driver's peak resident memory is recorded for each of these too (`peak_rss_bytes`), and the commit the
 figures are of (`commit`). Writes `bench/results/latest.json` and the chart `bench/results/latest.png` (see `bench/report.py`).
 """
@@ -42,7 +44,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -81,6 +84,7 @@ from onceflow.jobs.sources.checkpoint import SourceCheckpoint
 from onceflow.jobs.sources.reader import open_source
 from onceflow.resources.lake import LakeResource
 from onceflow.resources.spark import build_spark_session
+from onceflow.resources.spark_connect import start_spark_connect_server
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ONCEFLOW = ingest_throughput.CONTENDERS  # exactly_once, at_least_once, exactly_once_dagster
@@ -186,9 +190,11 @@ def run_one(
     # JVM's and Python's), and the JIT compilations they queued finished, rather than left for whichever contender
     # runs next to pay for.
     os.sync()
-    spark._jvm.System.gc()
     gc.collect()
-    compiling = _compilers_settle(spark)
+    compiling = 0.0
+    if hasattr(spark, "_jsparkSession"):  # over Spark Connect the engine's JVM is the server's, out of reach
+        spark._jvm.System.gc()
+        compiling = _compilers_settle(spark)
     if contender not in ONCEFLOW:
         run = peer.run_contender(spark, contender, source, work, round_no, replay=replay,
                                  examine=lambda table: judge.peer(contender, round_no, table))
@@ -304,19 +310,37 @@ def spark_benchmarks(
     extra = {"table_growth": table_growth, "loaded_growth": loaded_growth, "latency": latency, "kafka": kafka}
     if not contenders and not extras & set(extra):
         return {}, [], dict.fromkeys(extra)
-    with tempfile.TemporaryDirectory(prefix="onceflow-bench-warehouse-") as warehouse:
-        spark = build_spark_session(
-            app_name="onceflow-bench",
-            conf={"spark.sql.warehouse.dir": warehouse, "spark.driver.memory": "2g"},
-        )
-        try:
-            settings = {k: v for k, v in spark.sparkContext.getConf().getAll() if k in report.SPARK_SETTINGS}
-            names = list(DATASETS) if args.dataset == "all" else [args.dataset]
-            datasets = [run_contenders(spark, DATASETS[n], contenders, config, _print) for n in names if contenders]
-            results = {name: with_memory(run, spark, args) if name in extras else None for name, run in extra.items()}
-        finally:
-            spark.stop()
+    conf = {"spark.sql.warehouse.dir": "", "spark.driver.memory": "2g"}
+    with tempfile.TemporaryDirectory(prefix="onceflow-bench-warehouse-") as warehouse, ExitStack() as stack:
+        conf["spark.sql.warehouse.dir"] = warehouse
+        if args.engine == "connect":
+            server = start_spark_connect_server("local[2]", conf=conf)
+            stack.callback(server.stop)
+            stack.enter_context(_environment(ONCEFLOW_SPARK_REMOTE=server.url))  # the Dagster contender's runs too
+            spark = build_spark_session(remote=server.url)
+        else:
+            spark = build_spark_session(app_name="onceflow-bench", conf=conf)
+            stack.callback(spark.stop)
+        settings = {k: spark.conf.get(k, None) for k in report.SPARK_SETTINGS}
+        names = list(DATASETS) if args.dataset == "all" else [args.dataset]
+        datasets = [run_contenders(spark, DATASETS[n], contenders, config, _print) for n in names if contenders]
+        results = {name: with_memory(run, spark, args) if name in extras else None for name, run in extra.items()}
     return settings, datasets, results
+
+
+@contextmanager
+def _environment(**variables: str) -> Iterator[None]:
+    """`variables` set in this process's environment while the block runs."""
+    before = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -325,6 +349,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--dataset", choices=[*DATASETS, "all"], default="all",
                         help="the data set(s) the contenders ingest (default: all)")
+    parser.add_argument("--engine", choices=["classic", "connect"], default="classic",
+                        help="the contenders' session: classic, in this process (default), or a client of a Spark "
+                             "Connect server on local[2] that this process starts (contenders only: the other "
+                             "benchmarks are not run)")
     parser.add_argument(
         "--only", choices=[*CONTENDERS, *EXTRAS, *ALIASES], action="append",
         help="run only these (repeatable); ratios that lack a contender are null",
@@ -380,6 +408,8 @@ def main(argv: list[str] | None = None) -> int:
                                help="timed drains per profile (default: %(default)s)")
     args = parser.parse_args(argv)
     contenders, extras = selected(args.only)
+    if args.engine == "connect":
+        extras = set()
     config = Config(events=args.events, rounds=args.rounds, warm_ups=args.warm_ups)
     args.results.mkdir(parents=True, exist_ok=True)
     started, load_before = time.time(), os.getloadavg()
@@ -393,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     result["machine"] = {**machine(), "load_avg_before": load_before, "load_avg_after": os.getloadavg()}
     result["commit"] = source_commit()
     result["spark"] = settings
+    result["engine"] = args.engine
     result["started_at"] = datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds")
     result["elapsed_s"] = round(time.time() - started, 1)
     result["command"] = " ".join([Path(sys.executable).name, "-m", "bench.run", *sys.argv[1:]])
