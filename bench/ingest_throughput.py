@@ -159,9 +159,8 @@ def _drain_by_job(pipeline: Pipeline, lake: LakeResource, work: Path, records: i
     """The source drained as users run it: worker runs (`WORKER_RUN_S`) of the pipeline's Dagster job
     `ingest_<name>`, one after another until its `records` are in, executed in this process on a Dagster instance
     of its own (SQLite, in a temporary directory), its Spark resource handing out this process's session (or one
-    of the same Spark Connect server). Timed
-    from the first run's start to the last batch's commit, as its materialization records it; the batches are
-    the materializations' figures."""
+    of the same Spark Connect server). Timed from the first run's start to the last batch's commit, as its
+    materialization records it; the batches are the materializations' figures."""
     job = build_ingest_job(pipeline, run_s=WORKER_RUN_S)
     settings = load_settings()  # the engine a run gets: this session's, or its Spark Connect server (`--engine`)
     resources = {"spark": SparkResource(master=settings.spark_master, remote=settings.spark_remote), "lake": lake,
