@@ -62,12 +62,12 @@ public final class PlanTemplate {
 
   /**
    * {@code template}, built over the DataFrame {@code placeholder} and holding a {@link BatchValue} of each of the
-   * values {@code names} (comma-separated).
+   * values {@code names} (comma-separated; empty for none).
    */
   public PlanTemplate(Dataset<?> template, Dataset<?> placeholder, String names) {
     this.template = template.queryExecution().analyzed();
     this.placeholder = CollectionConverters.asJava(placeholder.queryExecution().analyzed().output());
-    this.names = Arrays.asList(names.split(","));
+    this.names = names.isEmpty() ? List.of() : Arrays.asList(names.split(","));
     // A placeholder or a number that binding would not find would keep the template's for every batch, silently.
     if (leaves(this.template, this.placeholder::equals) != 1) {
       throw new IllegalArgumentException("the template does not read its placeholder once");

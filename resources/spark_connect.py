@@ -22,6 +22,7 @@ from onceflow.resources.processes import stop_process_group
 from onceflow.resources.settings import Settings
 from onceflow.resources.spark import engine_conf, engine_jars
 from onceflow.resources.spark_cluster import spark_env, spark_home
+from onceflow.resources.spark_functions import SERVER_FUNCTIONS, SERVER_PLUGIN
 
 
 @dataclass
@@ -56,6 +57,11 @@ def start_spark_connect_server(
         "spark.connect.grpc.binding.address": "127.0.0.1",
         "spark.connect.grpc.binding.port": str(port),
     }
+    # Its sessions get onceflow's compiled functions, which a client cannot register, and its planner the plugin
+    # that evaluates a client's projection of a few rows on the driver.
+    for key, value in (("spark.sql.extensions", SERVER_FUNCTIONS),
+                       ("spark.connect.extensions.relation.classes", SERVER_PLUGIN)):
+        conf[key] = ",".join(filter(None, (conf.get(key), value)))
     command = [
         str(spark_home() / "bin" / "spark-submit"),
         "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",

@@ -37,10 +37,10 @@ SQL_FUNCTIONS = {
 }
 """onceflow's SQL functions: name → (Java class in the jar, result type)."""
 JSON_RECORD = "onceflow_json_record"
-"""Spark's `from_json` of a record, compiled into its stage (`io.onceflow.JsonRecord`; classic sessions only)."""
+"""Spark's `from_json` of a record, compiled into its stage (`io.onceflow.JsonRecord`; see `compiled_functions`)."""
 UTF8_TEXT = "onceflow_utf8"
-"""Spark's `try_validate_utf8(CAST(bytes AS STRING))`, compiled, quicker on ASCII (`io.onceflow.Utf8Text`; classic
-sessions only)."""
+"""Spark's `try_validate_utf8(CAST(bytes AS STRING))`, compiled, quicker on ASCII (`io.onceflow.Utf8Text`; see
+`compiled_functions`)."""
 
 
 class JavaCompilerMissingError(RuntimeError):
@@ -83,6 +83,28 @@ def register_spark_functions(spark: SparkSession) -> None:
 
 
 _REGISTERED: weakref.WeakSet[SparkSession] = weakref.WeakSet()
+SERVER_FUNCTIONS = "io.onceflow.SessionFunctions"
+"""The `spark.sql.extensions` class that gives every session of an engine onceflow's compiled functions."""
+SERVER_PLUGIN = "io.onceflow.ProjectionPlugin"
+"""The Spark Connect relation plugin that evaluates a client's projection of its rows on the server's driver
+(`onceflow.jobs.ingest.local_projection.evaluated_on_driver`): every server onceflow starts has it, beside
+`SERVER_FUNCTIONS`."""
+
+
+def compiled_functions(spark: SparkSession) -> bool:
+    """Whether `spark`'s batches can use onceflow's compiled functions (`JSON_RECORD`, `UTF8_TEXT`,
+    `onceflow_batch_value`, `onceflow_id_hash`): a classic session registers them (`register_spark_functions`); a
+    Spark Connect server has them when it was started with `SERVER_FUNCTIONS` (every engine onceflow starts is, and
+    with `SERVER_PLUGIN` too), asked once per session: a server started anew is a new session."""
+    if hasattr(spark, "_jsparkSession"):
+        register_spark_functions(spark)
+        return True
+    if spark not in _SERVED:
+        _SERVED[spark] = spark.catalog.functionExists(JSON_RECORD)
+    return _SERVED[spark]
+
+
+_SERVED: weakref.WeakKeyDictionary[SparkSession, bool] = weakref.WeakKeyDictionary()
 
 
 def ensure_spark_functions_jar(cache_dir: Path | None = None) -> Path:

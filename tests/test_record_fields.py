@@ -13,6 +13,7 @@ from pyspark.sql import DataFrame, SparkSession
 from onceflow.jobs.declare.record_contract import RecordContract
 from onceflow.jobs.declare.schema import parse_schema
 from onceflow.jobs.ingest.validation import FLAGGED, _explanation, classify, explain_flagged
+from onceflow.resources.spark_functions import compiled_functions
 
 AT_MS = 1_795_000_000_000
 OK = None
@@ -112,8 +113,9 @@ def test_a_json_value_is_read_as_spark_reads_it_or_refused_with_its_path(spark: 
 
 @pytest.mark.engine_paths
 def test_flagged_records_are_explained_as_a_spark_job_explains_them(spark: SparkSession) -> None:
-    """A classic session explains flagged records on its driver (`LocalProjection`): it must say, for every case
-    above, exactly what a Spark job over the same records says (over Spark Connect, the job is the explanation)."""
+    """A classic session explains flagged records on its driver (`LocalProjection`), and so does a Spark Connect
+    server onceflow started (`ProjectionPlugin`): it must say, for every case above, exactly what a Spark job over
+    the same records says."""
     declared = list(CASES)
     schema = ", ".join(f"f{k} {kind}" for k, kind in enumerate(declared))
     lines = [json.dumps({"id": f"r{k}-{i}", "at": AT_MS - i, f"f{k}": "VALUE"}).replace('"VALUE"', value)
@@ -123,6 +125,7 @@ def test_flagged_records_are_explained_as_a_spark_job_explains_them(spark: Spark
     out = classify(_landed(spark, lines), contract, AT_MS, None, batch_id=1).selectExpr(
         "ordinal", "reason", "detail", "raw", "record_id", "event_time").toArrow().sort_by("ordinal")
     assert set(out["reason"].to_pylist()) == {FLAGGED}
+    assert compiled_functions(spark)  # the driver's evaluation, not the job, on either engine path
     got = explain_flagged(spark, contract, out)
     asked = out.select(["raw", "record_id", "event_time", "ordinal"]).rename_columns(
         ["payload", "record_id", "event_time", "_i"])

@@ -47,7 +47,7 @@ def id_hashes(ids: pa.Array | pa.ChunkedArray) -> Fingerprints:
 
 def id_hash_sql(column: str = "record_id") -> tuple[str, ...]:
     """SQL outputs computing the fingerprint halves of `column` in a Spark stage, on its executors, bit for bit as
-    `id_hashes` does (`onceflow_id_hash`, `IdHash.java`: classic sessions only)."""
+    `id_hashes` does (`onceflow_id_hash`, `IdHash.java`, where the session has it: `compiled_functions`)."""
     return tuple(f"onceflow_id_hash({column}, '{key}') AS {name}" for key, name in zip(_HASH_KEYS, ID_HASH_COLUMNS, strict=True))
 
 

@@ -1,7 +1,9 @@
 package io.onceflow;
 
 import java.io.Serializable;
+import java.util.LinkedHashMap;
 import java.util.List;
+import java.util.Map;
 import java.util.Objects;
 import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.catalyst.expressions.Expression;
@@ -32,18 +34,22 @@ public abstract class CompiledFunction extends Expression implements Serializabl
   }
 
   /**
-   * Register onceflow's compiled functions in {@code session}: {@code onceflow_batch_value} ({@link BatchValue}),
+   * onceflow's compiled functions by name: {@code onceflow_batch_value} ({@link BatchValue}),
    * {@code onceflow_json_record}, {@code onceflow_utf8}, {@code onceflow_id_hash} ({@link IdHash}).
    */
+  static Map<String, Function1<Seq<Expression>, Expression>> builders() {
+    Map<String, Function1<Seq<Expression>, Expression>> builders = new LinkedHashMap<>();
+    builders.put("onceflow_batch_value", BatchValue::build);
+    builders.put("onceflow_json_record", JsonRecord::build);
+    builders.put("onceflow_utf8", Utf8Text::build);
+    builders.put("onceflow_id_hash", IdHash::build);
+    return builders;
+  }
+
+  /** Register onceflow's compiled functions ({@link #builders}) in the classic {@code session}. */
   public static void register(SparkSession session) {
-    Function1<Seq<Expression>, Expression> value = BatchValue::build;
-    Function1<Seq<Expression>, Expression> json = JsonRecord::build;
-    Function1<Seq<Expression>, Expression> utf8 = Utf8Text::build;
-    Function1<Seq<Expression>, Expression> idHash = IdHash::build;
-    session.sessionState().functionRegistry().createOrReplaceTempFunction("onceflow_batch_value", value, "java_udf");
-    session.sessionState().functionRegistry().createOrReplaceTempFunction("onceflow_json_record", json, "java_udf");
-    session.sessionState().functionRegistry().createOrReplaceTempFunction("onceflow_utf8", utf8, "java_udf");
-    session.sessionState().functionRegistry().createOrReplaceTempFunction("onceflow_id_hash", idHash, "java_udf");
+    builders().forEach((name, builder) ->
+        session.sessionState().functionRegistry().createOrReplaceTempFunction(name, builder, "java_udf"));
   }
 
   /** The value for a non-NULL {@code argument}, or null. */

@@ -31,6 +31,7 @@ from onceflow.jobs.ingest.validation import batch_numbers, classify_numbered
 from onceflow.jobs.sources.checkpoint import BatchPlan
 from onceflow.jobs.sources.reader import SourceRuntime
 from onceflow.resources.plan_template import PlanTemplate
+from onceflow.resources.spark_functions import compiled_functions
 
 DRIVER_COLUMNS = ("reason", "unix_millis(event_time) AS t", "raw", "detail")
 """What the driver reads of every record besides its raw columns, when the rows come to it whole."""
@@ -100,8 +101,8 @@ def read_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, land
                             _ingested_ms=plan.planned_at_ms)
     columns = raw_columns(source, contract)
     # Rows to the driver: the plan ends with the one projection the driver reads, so it is part of the template.
-    # The ID filters' fingerprints of the records are computed there too, on a classic session (`IdHash.java`).
-    hashed = rows_here and source.id_filters is not None and hasattr(spark, "_jsparkSession")
+    # The ID filters' fingerprints of the records are computed there too, where the session can (`IdHash.java`).
+    hashed = rows_here and source.id_filters is not None and compiled_functions(spark)
     outputs = (*DRIVER_COLUMNS, *(id_hash_sql() if hashed else ()), *columns) if rows_here else ()
     classified = _classified(spark, landed, contract, source.pipeline.time_bucket_ms, numbers, outputs)
     cached = None if rows_here else classified.cache()

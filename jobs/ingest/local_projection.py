@@ -3,18 +3,22 @@
 For a few rows through large expressions, the job is nearly all overhead: analysing and optimizing the
 expressions again, planning, scheduling. `LocalProjection` (Java, beside this file) does the analysis and the
 optimization once, on a template, and then evaluates the optimized expressions row by row with Spark's own
-interpreted evaluation: the same expressions, with the same semantics, that the job would run.
+interpreted evaluation: the same expressions, with the same semantics, that the job would run. A Spark Connect
+server that onceflow started does the same on its driver for a client's projection (`evaluated_on_driver`).
 """
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pyarrow as pa
-from pyspark.sql import Column, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import types as T
 
 _MICROS = pa.timestamp("us", tz="UTC")
+PROJECTION_TYPE = "type.googleapis.com/io.onceflow.LocalProjection"
+"""The relation extension's type that `ProjectionPlugin.java` evaluates."""
 
 
 class LocalProjection:
@@ -33,6 +37,24 @@ class LocalProjection:
         parts = self._java.apply(json.dumps(columns))  # each small enough for one Py4J reply without a stall
         out = json.loads("".join(parts[i] for i in range(len(parts))))
         return pa.table({name: _arrow(values, kind) for (name, kind), values in zip(self._output, out, strict=True)})
+
+
+def evaluated_on_driver(projected: DataFrame) -> DataFrame:
+    """`projected`, a Spark Connect client's projection of rows it holds (`createDataFrame(table).select(...)`),
+    evaluated by the server's `ProjectionPlugin` (Java, beside this file) as `LocalProjection` evaluates one: no
+    Spark job, and its expressions analysed once per session. Only for a server onceflow started
+    (`onceflow.resources.spark_functions.compiled_functions`); the rows are the same as the plain DataFrame's."""
+    from pyspark.sql.connect.dataframe import DataFrame as ConnectDataFrame
+    from pyspark.sql.connect.plan import LogicalPlan
+
+    class Extension(LogicalPlan):
+        def plan(self, session: Any) -> Any:  # pyspark's own signature (a client, a relation)
+            relation = self._create_proto_relation()
+            relation.extension.type_url = PROJECTION_TYPE
+            relation.extension.value = projected._plan.plan(session).SerializeToString()
+            return relation
+
+    return ConnectDataFrame(Extension(None), projected.sparkSession)
 
 
 def _plain(column: pa.ChunkedArray) -> list:

@@ -31,11 +31,11 @@ from pyspark.sql import types as T
 
 from onceflow.jobs.declare.record_contract import RecordContract
 from onceflow.jobs.declare.schema import quoted, type_ddl
-from onceflow.jobs.ingest.local_projection import LocalProjection
+from onceflow.jobs.ingest.local_projection import LocalProjection, evaluated_on_driver
 from onceflow.jobs.ingest.record_fields import OPTIONS, failure, narrowed, not_an_object, strict, wide
 from onceflow.resources.batch_values import with_batch_values
 from onceflow.resources.plan_template import PlanTemplate
-from onceflow.resources.spark_functions import JSON_RECORD, UTF8_TEXT, register_spark_functions
+from onceflow.resources.spark_functions import JSON_RECORD, UTF8_TEXT, compiled_functions
 
 FLAGGED = "flagged"
 """The reason `classify` gives a record whose fields failed the conversion or onceflow's stricter checks, until
@@ -95,11 +95,10 @@ def batch_numbers(
 def classify_numbered(landed: DataFrame, contract: RecordContract, numbers: dict[str, int]) -> DataFrame:
     """`classify`, given the batch's `numbers` (`batch_numbers`): its plan depends on nothing else of the batch
     (`onceflow.resources.plan_template`)."""
-    if hasattr(landed, "_jdf"):  # a classic session's batch reads with `JSON_RECORD` and `UTF8_TEXT`
-        register_spark_functions(landed.sparkSession)
+    compiled = compiled_functions(landed.sparkSession)  # then the batch reads with `JSON_RECORD` and `UTF8_TEXT`
     df = with_batch_values(landed, **numbers)
     # Spark Connect's columns and a classic session's are different objects: each kind is built once.
-    for stage in _stages(contract, connect=not hasattr(landed, "_jdf")):
+    for stage in _stages(contract, connect=not hasattr(landed, "_jdf"), compiled=compiled):
         df = df.withColumns(stage)
     internal = {"data", "_rec", "_flag", "_bytes", "_undecoded", "_time_raw", "_verdict", *_BATCH_COLUMNS}
     # Naming the verdict's parts and dropping the internal columns is one projection (each costs an analysis),
@@ -122,7 +121,8 @@ def explain_flagged(spark: SparkSession, contract: RecordContract, rows: pa.Tabl
     expressions cost every batch a tenth of a second to analyze, and a copy of each of its rows (Spark does not
     compile them into its stage), whether or not a record was flagged. On a classic session they are evaluated on
     the driver (`LocalProjection`; 30 ms for a realistic batch's 190 flagged records, where a Spark job took 170 ms,
-    nearly all of it analysing and planning them again); over Spark Connect, by a second Spark job. Even the
+    nearly all of it analysing and planning them again); over Spark Connect, on the server's driver in the same way
+    (`evaluated_on_driver`) where onceflow started the server, else by a second Spark job. Even the
     question whether a payload is a JSON object at all is asked here, not in the batch's plan: it is a second
     `from_json`, which Spark does not compile either, and in the plan it cost every batch a copy of its rows
     (70 ms of a realistic batch's 470)."""
@@ -135,7 +135,10 @@ def explain_flagged(spark: SparkSession, contract: RecordContract, rows: pa.Tabl
     if hasattr(spark, "_jsparkSession"):
         explained = _local_explanation(spark, contract, PlanTemplate.settings(spark))(asked)
     else:
-        explained = spark.createDataFrame(asked).select(*_explanation(contract, connect=True)).toArrow().sort_by("_i")
+        explained = spark.createDataFrame(asked).select(*_explanation(contract, connect=True))
+        if compiled_functions(spark):
+            explained = evaluated_on_driver(explained)
+        explained = explained.toArrow().sort_by("_i")
     for name in ("reason", "detail", "record_id", "event_time"):
         at = rows.schema.get_field_index(name)
         kind = rows.schema.field(at).type
@@ -170,17 +173,17 @@ def _explanation(contract: RecordContract, connect: bool) -> tuple[Column, ...]:
 
 
 @functools.cache
-def _stages(contract: RecordContract, connect: bool) -> tuple[dict[str, Column], ...]:
+def _stages(contract: RecordContract, connect: bool, compiled: bool) -> tuple[dict[str, Column], ...]:
     """The columns `classify` adds, stage by stage (each stage reads only the ones before it).
 
     Built once per contract: a batch's own values (its time, its horizon floor) are columns of the batch, so
     the expressions are the same for every batch and none is rebuilt (each costs Spark calls from Python).
     """
     limit = contract.max_record_bytes
-    # Spark's own functions on a classic session too, in forms Spark compiles into the stage (`JSON_RECORD`,
-    # `UTF8_TEXT`).
-    reader = "from_json" if connect else JSON_RECORD
-    decoded = "try_validate_utf8(cast(data AS STRING))" if connect else f"{UTF8_TEXT}(data)"
+    # Spark's own functions, in forms Spark compiles into the stage (`JSON_RECORD`, `UTF8_TEXT`) where the session
+    # has them.
+    reader = JSON_RECORD if compiled else "from_json"
+    decoded = f"{UTF8_TEXT}(data)" if compiled else "try_validate_utf8(cast(data AS STRING))"
     fallback = F.col("publish_time") if contract.time_from_publish else F.lit(None).cast("timestamp")
     # The record is read once, by Spark's JSON reader; only a flagged record (rare) is looked at again.
     parsed = {f.name: F.expr(narrowed(f.dataType, f"_rec.{quoted(f.name)}")) for f in contract.schema}
