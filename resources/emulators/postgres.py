@@ -19,7 +19,6 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from onceflow.resources.emulators.pubsub import free_port
 from onceflow.resources.processes import stop_process_group
@@ -104,21 +103,20 @@ def start_postgres(timeout_s: float = 60.0) -> PostgresServer:
     as_owner = _as_user(owner)
     server: PostgresServer | None = None
     try:
-        _run([str(bin_dir / "initdb"), "-D", str(data), "-U", "onceflow", f"--pwfile={workdir / 'password'}",
-              "--auth-host=scram-sha-256", "--auth-local=trust", "-E", "UTF8", "--no-sync"], as_owner)
+        _run(as_owner, bin_dir / "initdb", "-D", str(data), "-U", "onceflow", f"--pwfile={workdir / 'password'}",
+             "--auth-host=scram-sha-256", "--auth-local=trust", "-E", "UTF8", "--no-sync")
         port = free_port()
         with (workdir / "postgres.log").open("wb") as log:
             process = subprocess.Popen(
-                [str(bin_dir / "postgres"), "-D", str(data), "-p", str(port), "-k", str(sockets),
+                [*as_owner, str(bin_dir / "postgres"), "-D", str(data), "-p", str(port), "-k", str(sockets),
                  "-c", "listen_addresses=127.0.0.1",
                  # A throwaway server: nothing needs to survive a machine crash, and fsync only slows tests down.
                  "-c", "fsync=off", "-c", "full_page_writes=off", "-c", "synchronous_commit=off"],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, **as_owner,
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd="/",
             )
         server = PostgresServer(process, port, password, workdir)
         _wait_ready(server, bin_dir, sockets, timeout_s)
-        _run([str(bin_dir / "createdb"), "-h", str(sockets), "-p", str(port), "-U", "onceflow", server.database],
-             as_owner)
+        _run(as_owner, bin_dir / "createdb", "-h", str(sockets), "-p", str(port), "-U", "onceflow", server.database)
         return server
     except BaseException:
         if server is not None:
@@ -141,16 +139,23 @@ def _owner() -> pwd.struct_passwd | None:
         ) from None
 
 
-def _as_user(owner: pwd.struct_passwd | None) -> dict[str, Any]:
+def _as_user(owner: pwd.struct_passwd | None) -> list[str]:
+    """The command prefix that runs a program as `owner`.
+
+    `setpriv` drops the privileges rather than subprocess's `user=`: with `user=`, Python forks instead of
+    vfork-ing, and a fork runs the fork handlers of gRPC's threads (Pub/Sub clients) in the child, which can fail
+    the child before it runs anything.
+    """
     if owner is None:
-        return {}
-    return {"user": owner.pw_uid, "group": owner.pw_gid, "extra_groups": [], "cwd": "/"}
+        return []
+    return ["setpriv", f"--reuid={owner.pw_uid}", f"--regid={owner.pw_gid}", "--clear-groups", "--"]
 
 
-def _run(command: list[str], as_owner: dict[str, Any]) -> None:
-    done = subprocess.run(command, capture_output=True, text=True, check=False, **as_owner)
+def _run(as_owner: list[str], program: Path, *args: str) -> None:
+    done = subprocess.run([*as_owner, str(program), *args], capture_output=True, text=True, check=False, cwd="/")
     if done.returncode != 0:
-        raise RuntimeError(f"`{Path(command[0]).name}` failed: {(done.stderr or done.stdout)[-2000:]}")
+        output = f"{done.stdout}\n{done.stderr}".strip()[-2000:]
+        raise RuntimeError(f"`{program.name}` exited with {done.returncode}: {output}")
 
 
 def _wait_ready(server: PostgresServer, bin_dir: Path, sockets: Path, timeout_s: float) -> None:
