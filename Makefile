@@ -61,9 +61,12 @@ dev: setup
 	DAGSTER_HOME=$(ONCEFLOW_HOME)/dagster $(BIN)/onceflow dev $(DEV_ARGS)
 
 # The demo first: sensor tick -> commit needs Dagster's daemon and run launcher; the bench reports the demo's figures.
+# Then the contenders again as clients of a Spark Connect server, the engine `make dev` and the demo run.
 bench: setup
 	$(BIN)/onceflow demo --source pubsub
 	$(BIN)/python -m bench.run
+	$(BIN)/python -m bench.run --engine connect --only exactly_once --only at_least_once --only exactly_once_dagster \
+		--only streaming_dedup --only floor --results bench/results/connect
 
 lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

@@ -54,10 +54,18 @@ public final class PlanTemplate {
    * settings need another.
    * A digest, not the settings: a Py4J reply over 8 KiB waits 40 ms (see `apply`).
    */
-  public static String settings(SparkSession session) throws Exception {
+  public static String settings(SparkSession session) {
     String text = new TreeMap<>(CollectionConverters.asJava(session.conf().getAll())).toString();
-    byte[] digest = MessageDigest.getInstance("SHA-256").digest(text.getBytes(StandardCharsets.UTF_8));
-    return HexFormat.of().formatHex(digest);
+    return digest(text.getBytes(StandardCharsets.UTF_8));
+  }
+
+  /** The SHA-256 of {@code bytes}, in hex. */
+  public static String digest(byte[] bytes) {
+    try {
+      return HexFormat.of().formatHex(MessageDigest.getInstance("SHA-256").digest(bytes));
+    } catch (java.security.NoSuchAlgorithmException impossible) {  // every JVM has SHA-256
+      throw new IllegalStateException(impossible);
+    }
   }
 
   /**

@@ -58,7 +58,8 @@ public final class JsonRecord extends CompiledFunction {
   static Expression build(Seq<Expression> arguments) {
     java.util.List<Expression> args = CollectionConverters.asJava(arguments);
     if (args.size() != 3 || !args.get(1).foldable() || !args.get(2).foldable()) {
-      throw new IllegalArgumentException("onceflow_json_record(json, 'ddl', map(options)): constant schema and options");
+      throw new IllegalArgumentException(
+          "onceflow_json_record(json, 'ddl', map(options)): constant schema and options");
     }
     StructType schema = (StructType) StructType.fromDDL(args.get(1).eval(null).toString()).asNullable();
     MapData map = (MapData) args.get(2).eval(null);

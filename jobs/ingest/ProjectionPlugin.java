@@ -1,11 +1,10 @@
 package io.onceflow;
 
-import java.security.MessageDigest;
-import java.util.HexFormat;
 import java.util.LinkedHashMap;
 import java.util.Map;
 import java.util.Optional;
 import org.apache.spark.connect.proto.Relation;
+import org.apache.spark.sql.catalyst.plans.logical.LocalRelation;
 import org.apache.spark.sql.catalyst.plans.logical.LogicalPlan;
 import org.apache.spark.sql.classic.Dataset;
 import org.apache.spark.sql.classic.SparkSession;
@@ -15,10 +14,10 @@ import org.sparkproject.connect.protobuf.Any;
 
 /**
  * A Spark Connect server's {@link LocalProjection}: a client's projection of rows it sends (a {@code Project} over
- * a {@code LocalRelation}, its columns named or not), wrapped in a relation extension of type {@link #TYPE_URL}, evaluated on the server's
- * driver without a Spark job, its expressions analysed and optimized once per session (for as long as that
- * session's settings stay the same) and not once per call. The answer is a local relation of the projected rows:
- * what the job would have returned.
+ * a {@code LocalRelation}, its columns named or not), wrapped in a relation extension of type {@link #TYPE_URL},
+ * evaluated on the server's driver without a Spark job, its expressions analysed and optimized once per session
+ * (for as long as that session's settings stay the same) and not once per call. The answer is a local relation of
+ * the projected rows: what the job would have returned.
  *
  * <p>Any other relation of that type is planned as Spark plans it, so the plugin changes how fast, never what.
  * Registered with {@code spark.connect.extensions.relation.classes}.
@@ -49,10 +48,11 @@ public final class ProjectionPlugin implements RelationPlugin {
     Relation input = relation.getProject().getInput();
     Relation local = input.hasToDf() ? input.getToDf().getInput() : input;
     if (!relation.hasProject() || !local.hasLocalRelation()
-        || !(planner.transformRelation(local) instanceof org.apache.spark.sql.catalyst.plans.logical.LocalRelation rows)) {
+        || !(planner.transformRelation(local) instanceof LocalRelation rows)) {
       return Optional.of(planner.transformRelation(relation));
     }
-    // The template: the projection over no rows (of the rows' schema), without the ids the client gives each plan it builds.
+    // The template: the projection over no rows (of the rows' schema), without the ids the client gives each plan
+    // it builds.
     Relation none = local.toBuilder().clearCommon()
         .setLocalRelation(local.getLocalRelation().toBuilder().clearData().setSchema(rows.schema().json())).build();
     Relation over = input.hasToDf()
@@ -60,7 +60,8 @@ public final class ProjectionPlugin implements RelationPlugin {
     Relation template = relation.toBuilder().clearCommon()
         .setProject(relation.getProject().toBuilder().setInput(over)).build();
     SparkSession session = planner.session();
-    String key = planner.sessionId() + " " + settings(session) + " " + digest(template.toByteArray());
+    String key = planner.sessionId() + " " + PlanTemplate.settings(session) + " "
+        + PlanTemplate.digest(template.toByteArray());
     LocalProjection projection;
     synchronized (PROJECTIONS) {
       projection = PROJECTIONS.get(key);
@@ -72,21 +73,5 @@ public final class ProjectionPlugin implements RelationPlugin {
       }
     }
     return Optional.of(projection.relation(rows.data()));
-  }
-
-  private static String settings(SparkSession session) {
-    try {
-      return PlanTemplate.settings(session);
-    } catch (Exception impossible) {
-      throw new IllegalStateException(impossible);
-    }
-  }
-
-  private static String digest(byte[] bytes) {
-    try {
-      return HexFormat.of().formatHex(MessageDigest.getInstance("SHA-256").digest(bytes));
-    } catch (java.security.NoSuchAlgorithmException impossible) {
-      throw new IllegalStateException(impossible);
-    }
   }
 }

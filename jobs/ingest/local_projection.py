@@ -9,6 +9,7 @@ server that onceflow started does the same on its driver for a client's projecti
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -45,16 +46,28 @@ def evaluated_on_driver(projected: DataFrame) -> DataFrame:
     Spark job, and its expressions analysed once per session. Only for a server onceflow started
     (`onceflow.resources.spark_functions.compiled_functions`); the rows are the same as the plain DataFrame's."""
     from pyspark.sql.connect.dataframe import DataFrame as ConnectDataFrame
+
+    return ConnectDataFrame(_extension_plan()(projected._plan), projected.sparkSession)
+
+
+@functools.cache
+def _extension_plan() -> type:
+    """The Connect plan that wraps a projection in the relation extension, made once (a classic-only process
+    never imports Spark Connect's client)."""
     from pyspark.sql.connect.plan import LogicalPlan
 
-    class Extension(LogicalPlan):
+    class ProjectionExtension(LogicalPlan):
+        def __init__(self, projected: LogicalPlan) -> None:
+            super().__init__(None)
+            self._projected = projected
+
         def plan(self, session: Any) -> Any:  # pyspark's own signature (a client, a relation)
             relation = self._create_proto_relation()
             relation.extension.type_url = PROJECTION_TYPE
-            relation.extension.value = projected._plan.plan(session).SerializeToString()
+            relation.extension.value = self._projected.plan(session).SerializeToString()
             return relation
 
-    return ConnectDataFrame(Extension(None), projected.sparkSession)
+    return ProjectionExtension
 
 
 def _plain(column: pa.ChunkedArray) -> list:
