@@ -127,9 +127,9 @@ def test_a_connect_servers_driver_projects_a_clients_rows_as_a_job_would(spark: 
                          "i": pa.array(range(len(payloads)), pa.int64())})
         projected = spark.createDataFrame(rows).select(*columns).select(*selected)
         plain = projected.toArrow().to_pylist()
-        assert evaluated_on_driver(projected).toArrow().to_pylist() == plain
+        assert evaluated_on_driver(projected).to_pylist() == plain
         assert len(plain) == len(payloads) and plain[0]["n"] == len(payloads[0])
         local = spark.createDataFrame(rows).select(F.length("payload").alias("n"), "i")
-        assert evaluated_on_driver(local).toArrow().to_pylist() == local.toArrow().to_pylist()
+        assert evaluated_on_driver(local).to_pylist() == local.toArrow().to_pylist()
     other = spark.range(5).selectExpr("id * 2 AS doubled")
-    assert evaluated_on_driver(other).toArrow()["doubled"].to_pylist() == [0, 2, 4, 6, 8]
+    assert evaluated_on_driver(other)["doubled"].to_pylist() == [0, 2, 4, 6, 8]

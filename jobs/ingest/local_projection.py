@@ -40,14 +40,17 @@ class LocalProjection:
         return pa.table({name: _arrow(values, kind) for (name, kind), values in zip(self._output, out, strict=True)})
 
 
-def evaluated_on_driver(projected: DataFrame) -> DataFrame:
-    """`projected`, a Spark Connect client's projection of rows it holds (`createDataFrame(table).select(...)`),
-    evaluated by the server's `ProjectionPlugin` (Java, beside this file) as `LocalProjection` evaluates one: no
-    Spark job, and its expressions analysed once per session. Only for a server onceflow started
-    (`onceflow.resources.spark_functions.compiled_functions`); the rows are the same as the plain DataFrame's."""
+def evaluated_on_driver(projected: DataFrame) -> pa.Table:
+    """The rows of `projected`, a Spark Connect client's projection of rows it holds
+    (`createDataFrame(table).select(...)`), evaluated by the server's `ProjectionPlugin` (Java, beside this file) as
+    `LocalProjection` evaluates one: no Spark job, and its expressions analysed once per session. Only for a server
+    onceflow started (`onceflow.resources.spark_functions.compiled_functions`); the rows are the plain DataFrame's,
+    in the server's Arrow types (a TIMESTAMP in the session's zone)."""
     from pyspark.sql.connect.dataframe import DataFrame as ConnectDataFrame
 
-    return ConnectDataFrame(_extension_plan()(projected._plan), projected.sparkSession)
+    # One request: `toArrow` would first ask the server for the schema, which evaluates the projection twice.
+    table, _ = ConnectDataFrame(_extension_plan()(projected._plan), projected.sparkSession)._to_table()
+    return table
 
 
 @functools.cache

@@ -135,10 +135,8 @@ def explain_flagged(spark: SparkSession, contract: RecordContract, rows: pa.Tabl
     if hasattr(spark, "_jsparkSession"):
         explained = _local_explanation(spark, contract, PlanTemplate.settings(spark))(asked)
     else:
-        explained = spark.createDataFrame(asked).select(*_explanation(contract, connect=True))
-        if compiled_functions(spark):
-            explained = evaluated_on_driver(explained)
-        explained = explained.toArrow().sort_by("_i")
+        projected = spark.createDataFrame(asked).select(*_explanation(contract, connect=True))
+        explained = (evaluated_on_driver(projected) if compiled_functions(spark) else projected.toArrow()).sort_by("_i")
     for name in ("reason", "detail", "record_id", "event_time"):
         at = rows.schema.get_field_index(name)
         kind = rows.schema.field(at).type
