@@ -21,11 +21,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from onceflow.jobs.dedup.fingerprints import id_hash_sql, id_hashes
-from onceflow.jobs.ingest.local_projection import evaluated_on_driver
+from onceflow.jobs.ingest.local_projection import evaluated_on_driver, on_driver
 from onceflow.jobs.ingest.record_fields import OPTIONS
 from onceflow.orchestration.local_stack import PROJECT_ROOT
 from onceflow.resources.spark_functions import compiled_functions
 from tests.conftest import require
+from tests.spark_plans import parsed_plan
 
 SCHEMA = ("a INT, d DECIMAL(38,30), t TIMESTAMP, s STRUCT<x: INT, y: ARRAY<DOUBLE>>, m MAP<STRING, INT>, "
           "b BOOLEAN, _corrupt STRING")
@@ -116,20 +117,24 @@ def _check(out: dict[str, Any]) -> None:
 
 
 def test_a_connect_servers_driver_projects_a_clients_rows_as_a_job_would(spark: SparkSession) -> None:
-    """`evaluated_on_driver` gives the rows of the plain DataFrame: for rows the client sends (evaluated on the
-    server's driver, the analysis kept for the next call with other rows) and for any other input (planned as
-    Spark plans it)."""
-    columns = (F.expr("from_json(payload, 'a INT, b STRING')").alias("parsed"), F.length("payload").alias("n"),
+    """`evaluated_on_driver` gives the rows of the plain DataFrame. A projection of rows the client sends is
+    evaluated on the server's driver (the server's plan is already the rows), its analysis kept for the next call
+    with other rows; any other input (a projection of a projection, rows the server reads) is planned as Spark
+    plans it."""
+    parsed = F.expr("from_json(payload, 'a INT, b STRING')")
+    columns = (parsed.getField("a").alias("a"), parsed.getField("b").alias("b"), F.length("payload").alias("n"),
                (F.col("at") + F.expr("INTERVAL 1 SECOND")).alias("later"), F.col("i"))
-    selected = (F.col("parsed.a").alias("a"), F.col("parsed.b").alias("b"), "n", "later", "i")
     for payloads in (['{"a": 1, "b": "x"}', '{"a": "no"}', "not json", None], ['{"b": "y"}', '{"a": 7}']):
         rows = pa.table({"payload": payloads, "at": pa.array([1_000_000] * len(payloads), pa.timestamp("us", "UTC")),
                          "i": pa.array(range(len(payloads)), pa.int64())})
-        projected = spark.createDataFrame(rows).select(*columns).select(*selected)
+        projected = spark.createDataFrame(rows).select(*columns)
         plain = projected.toArrow().to_pylist()
-        assert evaluated_on_driver(projected).to_pylist() == plain
         assert len(plain) == len(payloads) and plain[0]["n"] == len(payloads[0])
-        local = spark.createDataFrame(rows).select(F.length("payload").alias("n"), "i")
-        assert evaluated_on_driver(local).to_pylist() == local.toArrow().to_pylist()
+        assert evaluated_on_driver(projected).to_pylist() == plain
+        assert parsed_plan(on_driver(projected)).startswith("LocalRelation ["), parsed_plan(on_driver(projected))
+        again = projected.select("a", "n")
+        assert evaluated_on_driver(again).to_pylist() == again.toArrow().to_pylist()
+        assert parsed_plan(on_driver(again)).startswith("'Project"), parsed_plan(on_driver(again))
     other = spark.range(5).selectExpr("id * 2 AS doubled")
     assert evaluated_on_driver(other)["doubled"].to_pylist() == [0, 2, 4, 6, 8]
+    assert "Range (0, 5" in parsed_plan(on_driver(other)), parsed_plan(on_driver(other))

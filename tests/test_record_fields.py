@@ -12,8 +12,10 @@ from pyspark.sql import DataFrame, SparkSession
 
 from onceflow.jobs.declare.record_contract import RecordContract
 from onceflow.jobs.declare.schema import parse_schema
+from onceflow.jobs.ingest.local_projection import on_driver
 from onceflow.jobs.ingest.validation import FLAGGED, _explanation, classify, explain_flagged
 from onceflow.resources.spark_functions import compiled_functions
+from tests.spark_plans import parsed_plan
 
 AT_MS = 1_795_000_000_000
 OK = None
@@ -134,6 +136,9 @@ def test_flagged_records_are_explained_as_a_spark_job_explains_them(spark: Spark
     columns = ("reason", "detail", "record_id", "event_time")
     assert [got[c].to_pylist() for c in columns] == [job[c].to_pylist() for c in columns]
     assert len(lines) > 40 and None not in got["detail"].to_pylist()
+    if connect:  # the server's plan of the explanation is already its rows: `ProjectionPlugin` evaluated it
+        asked_plan = parsed_plan(on_driver(spark.createDataFrame(asked).select(*_explanation(contract, connect))))
+        assert asked_plan.startswith("LocalRelation ["), asked_plan
 
 
 @pytest.mark.engine_paths

@@ -40,16 +40,21 @@ class LocalProjection:
         return pa.table({name: _arrow(values, kind) for (name, kind), values in zip(self._output, out, strict=True)})
 
 
-def evaluated_on_driver(projected: DataFrame) -> pa.Table:
-    """The rows of `projected`, a Spark Connect client's projection of rows it holds
-    (`createDataFrame(table).select(...)`), evaluated by the server's `ProjectionPlugin` (Java, beside this file) as
-    `LocalProjection` evaluates one: no Spark job, and its expressions analysed once per session. Only for a server
-    onceflow started (`onceflow.resources.spark_functions.compiled_functions`); the rows are the plain DataFrame's,
-    in the server's Arrow types (a TIMESTAMP in the session's zone)."""
+def on_driver(projected: DataFrame) -> DataFrame:
+    """`projected`, a Spark Connect client's projection of rows it holds (`createDataFrame(table).select(...)`), to
+    be evaluated by the server's `ProjectionPlugin` (Java, beside this file) as `LocalProjection` evaluates one: no
+    Spark job, and its expressions analysed once per session. Only for a server onceflow started
+    (`onceflow.resources.spark_functions.compiled_functions`); its rows are the plain DataFrame's. The server's
+    answer is a local relation of those rows; any other input is planned as Spark plans it."""
     from pyspark.sql.connect.dataframe import DataFrame as ConnectDataFrame
 
+    return ConnectDataFrame(_extension_plan()(projected._plan), projected.sparkSession)
+
+
+def evaluated_on_driver(projected: DataFrame) -> pa.Table:
+    """The rows of `on_driver(projected)`, in the server's Arrow types (a TIMESTAMP in the session's zone)."""
     # One request: `toArrow` would first ask the server for the schema, which evaluates the projection twice.
-    table, _ = ConnectDataFrame(_extension_plan()(projected._plan), projected.sparkSession)._to_table()
+    table, _ = on_driver(projected)._to_table()
     return table
 
 
