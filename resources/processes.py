@@ -1,4 +1,5 @@
-"""Stopping the local servers onceflow starts (emulators, Spark Connect, dagster dev), children included."""
+"""The local servers onceflow starts (emulators, Spark Connect, dagster dev): whether they listen, and stopping them,
+children included."""
 
 from __future__ import annotations
 
@@ -48,3 +49,22 @@ def kill_tree(pid: int, sig: signal.Signals = signal.SIGKILL) -> list[int]:
         except psutil.NoSuchProcess:
             continue
     return signalled
+
+
+def listens(process: subprocess.Popen[bytes], port: int) -> bool:
+    """Whether `process`, or a process below it, listens on TCP `port`: that something answers there is not enough,
+    as another process may hold a port this one was told to take (a port chosen free can be taken again before it
+    binds, by a server another process starts)."""
+    try:
+        root = psutil.Process(process.pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return False
+    for member in tree:
+        try:
+            held = member.net_connections(kind="tcp")
+        except psutil.NoSuchProcess:
+            continue
+        if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in held):
+            return True
+    return False

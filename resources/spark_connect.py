@@ -9,7 +9,6 @@ jars through `--jars`.
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import tempfile
 import time
@@ -17,8 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from onceflow.resources.emulators.pubsub import free_port
-from onceflow.resources.processes import stop_process_group
+from onceflow.resources.emulators.pubsub import PORT_TRIES, free_port
+from onceflow.resources.processes import listens, stop_process_group
 from onceflow.resources.settings import Settings
 from onceflow.resources.spark import engine_conf, engine_jars
 from onceflow.resources.spark_cluster import spark_env, spark_home
@@ -40,6 +39,10 @@ class SparkConnectServer:
         stop_process_group(self.process)
 
 
+class PortTaken(RuntimeError):
+    """The server could not bind its port: another process took it after it was chosen."""
+
+
 def start_spark_connect_server(
     master: str = "local[2]",
     port: int | None = None,
@@ -49,13 +52,12 @@ def start_spark_connect_server(
     jars: Sequence[str] = (),
 ) -> SparkConnectServer:
     """Start a Delta-enabled Spark Connect server on 127.0.0.1 driving `master` (with the user's extra `conf` and
-    `jars`, see `onceflow.resources.spark`) and wait until it accepts connections."""
-    port = port or free_port()
+    `jars`, see `onceflow.resources.spark`) and wait until it accepts connections: on `port`, else on a free port
+    (another one if a process takes the first before the server binds it)."""
     conf = {
         "spark.ui.enabled": "false",
         **engine_conf(master, conf),
         "spark.connect.grpc.binding.address": "127.0.0.1",
-        "spark.connect.grpc.binding.port": str(port),
     }
     # Its sessions get onceflow's compiled functions, which a client cannot register, and its planner the plugin
     # that evaluates a client's projection of a few rows on the driver.
@@ -72,22 +74,34 @@ def start_spark_connect_server(
     ]
     for key, value in conf.items():
         command += ["--conf", f"{key}={value}"]
-    log_path = Path(tempfile.mkdtemp(prefix="onceflow-spark-connect-")) / "server.log"
     # The whole engine on this machine: its driver binds to loopback too. A remote cluster's executors must reach
     # the driver, so there the machine's address (or the user's SPARK_LOCAL_IP) stays.
     env = spark_env(local_ip="127.0.0.1" if on_this_machine(master) else None)
+    for _ in range(0 if port else PORT_TRIES - 1):
+        try:
+            return _start(command, env, free_port(), timeout_s)
+        except PortTaken:
+            continue
+    return _start(command, env, port or free_port(), timeout_s)
+
+
+def _start(command: list[str], env: dict[str, str], port: int, timeout_s: float) -> SparkConnectServer:
+    """Run `command` binding `port`; the server once it listens there itself."""
+    log_path = Path(tempfile.mkdtemp(prefix="onceflow-spark-connect-")) / "server.log"
     with log_path.open("wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        process = subprocess.Popen([*command, "--conf", f"spark.connect.grpc.binding.port={port}"], stdout=log,
+                                   stderr=subprocess.STDOUT, env=env, start_new_session=True)
     server = SparkConnectServer(process, port, log_path)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"Spark Connect server exited: {log_path.read_text(errors='replace')[-3000:]}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return server
-        except OSError:
-            time.sleep(0.5)
+            text = log_path.read_text(errors="replace")
+            if "java.net.BindException" in text:
+                raise PortTaken(f"Spark Connect server: port {port} was taken before it could bind it")
+            raise RuntimeError(f"Spark Connect server exited: {text[-3000:]}")
+        if listens(process, port):
+            return server
+        time.sleep(0.5)
     server.stop()
     raise RuntimeError(f"Spark Connect server did not listen on port {port} within {timeout_s:.0f}s")
 

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from onceflow.resources.emulators.pubsub import free_port
-from onceflow.resources.processes import stop_process_group
+from onceflow.resources.emulators.pubsub import PORT_TRIES, free_port
+from onceflow.resources.processes import listens, stop_process_group
 from onceflow.resources.settings import load_settings
 
 if TYPE_CHECKING:
@@ -231,7 +231,7 @@ def start_bigquery_emulator(
     given.
     """
     venv = venv or ensure_bigquery_emulator_env()
-    for _ in range(1 if port else 3):
+    for _ in range(1 if port else PORT_TRIES):
         emulator = _launch(venv, project, port or free_port())
         if _ready(emulator, timeout_s):
             return emulator
@@ -255,7 +255,8 @@ def _launch(venv: Path, project: str, port: int) -> BigQueryEmulator:
 
 
 def _ready(emulator: BigQueryEmulator, timeout_s: float) -> bool:
-    """True once the emulator answers; False when a server that is not HTTP answers on its port."""
+    """True once the emulator answers; False when another server answers on its port (one that is not HTTP, or
+    one another process runs)."""
     probe = f"{emulator.endpoint}/bigquery/v2/projects/{emulator.project}/datasets"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -264,7 +265,7 @@ def _ready(emulator: BigQueryEmulator, timeout_s: float) -> bool:
         try:
             with urllib.request.urlopen(probe, timeout=5) as response:
                 response.read()
-                return True
+                return listens(emulator.process, emulator.port)
         except urllib.error.HTTPError as error:
             _fail(emulator, f"BigQuery emulator answered {error.code}: {error.read().decode(errors='replace')}")
         except http.client.HTTPException:

@@ -21,7 +21,13 @@ from pathlib import Path
 
 import psutil
 
+from onceflow.resources.processes import listens
+
 _HANDED_OUT: set[int] = set()
+
+
+PORT_TRIES = 3
+"""Ports tried in turn when a server onceflow starts chooses its own port and finds it taken."""
 
 
 def free_port() -> int:
@@ -72,32 +78,50 @@ class PubSubEmulator:
 
 
 def start_pubsub_emulator(port: int | None = None, timeout_s: float = 60.0) -> PubSubEmulator:
-    """Start the emulator on 127.0.0.1 and wait until it answers its health check."""
+    """Start the emulator on 127.0.0.1 and wait until it answers its health check: on `port`, else on a free port
+    (another one if a process takes the first before the emulator binds it)."""
     gcloud = shutil.which("gcloud")
     if gcloud is None:
         raise RuntimeError("the Google Cloud CLI (`gcloud`) with its Pub/Sub emulator is required")
-    port = port or free_port()
+    for _ in range(0 if port else PORT_TRIES - 1):
+        emulator = _launch(gcloud, free_port())
+        if _answers(emulator, timeout_s):
+            return emulator
+        emulator.stop()
+    emulator = _launch(gcloud, port or free_port())
+    if _answers(emulator, timeout_s):
+        return emulator
+    emulator.stop()
+    raise RuntimeError(f"another server answers on the Pub/Sub emulator's port: {emulator.host}")
+
+
+def _launch(gcloud: str, port: int) -> PubSubEmulator:
     data_dir = Path(tempfile.mkdtemp(prefix="onceflow-pubsub-"))
     log_path = data_dir / "emulator.log"
-    log = log_path.open("wb")
-    process = subprocess.Popen(
-        [gcloud, "beta", "emulators", "pubsub", "start", f"--host-port=127.0.0.1:{port}",
-         f"--data-dir={data_dir}", "--quiet"],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    emulator = PubSubEmulator(process, f"127.0.0.1:{port}", data_dir, log_path)
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [gcloud, "beta", "emulators", "pubsub", "start", f"--host-port=127.0.0.1:{port}",
+             f"--data-dir={data_dir}", "--quiet"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return PubSubEmulator(process, f"127.0.0.1:{port}", data_dir, log_path)
+
+
+def _answers(emulator: PubSubEmulator, timeout_s: float) -> bool:
+    """True once the emulator answers its health check; False when another process answers on its port."""
+    port = int(emulator.host.rsplit(":", 1)[1])
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         emulator._watch()
-        if process.poll() is not None:
-            raise RuntimeError(f"Pub/Sub emulator exited: {log_path.read_text(errors='replace')[-2000:]}")
+        if emulator.process.poll() is not None:
+            raise RuntimeError(f"Pub/Sub emulator exited: {emulator.log_path.read_text(errors='replace')[-2000:]}")
         try:
             with urllib.request.urlopen(f"http://{emulator.host}/", timeout=1) as response:
                 if response.read().strip() == b"Ok":
                     emulator._watch()
-                    return emulator
+                    return listens(emulator.process, port)
         except OSError:
             time.sleep(0.2)
     emulator.stop()
