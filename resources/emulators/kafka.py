@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -28,7 +27,7 @@ from onceflow.resources.delta_jars import SCALA_BINARY
 from onceflow.resources.emulators.pubsub import free_port
 from onceflow.resources.kafka import KafkaClient
 from onceflow.resources.maven_jars import MavenArtifact, ensure_dependencies, jar_cache_dir
-from onceflow.resources.processes import stop_process_group
+from onceflow.resources.processes import listens, stop_process_group
 
 KAFKA_VERSION = "4.1.2"
 BROKER_ARTIFACTS = (
@@ -173,10 +172,12 @@ def _server_properties(log_dir: Path, port: int, controller_port: int) -> str:
 
 
 def _answers(broker: KafkaBroker) -> bool:
-    """Whether the broker serves metadata; an AdminClient is only asked once the port listens (before that, its
-    client library logs every refused connection)."""
+    """Whether the broker serves metadata; an AdminClient is only asked once the broker itself listens on its port
+    (before that, its client library logs every refused connection; and another process's server that took the
+    port first must not pass for this broker)."""
+    if not listens(broker.process, int(broker.bootstrap.rsplit(":", 1)[1])):
+        return False
     try:
-        socket.create_connection(broker.bootstrap.split(":"), timeout=1).close()
         broker.admin().list_topics(timeout=2)
         return True
     except (OSError, KafkaException):
