@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from pyspark.sql import SparkSession
 
 from onceflow.resources import spark_connect
 from onceflow.resources.emulators import pubsub
@@ -54,11 +55,13 @@ def test_a_connect_server_whose_port_another_server_takes_first_binds_another(mo
         try:
             assert server.port != taken and listens(server.process, server.port)
             assert not listens(server.process, taken)
-            session = SparkSession.builder.remote(server.url).getOrCreate()
-            try:
-                assert session.range(3).count() == 3
-            finally:
-                session.stop()
+            # A session of its own process: this one's default session is the tests' shared engine's.
+            counted = subprocess.run(
+                [sys.executable, "-c", "import sys; from pyspark.sql import SparkSession; "
+                 "print(SparkSession.builder.remote(sys.argv[1]).getOrCreate().range(3).count())", server.url],
+                capture_output=True, text=True, timeout=120, check=False,
+            )
+            assert counted.stdout.split() == ["3"], counted.stderr[-2000:]
         finally:
             server.stop()
 
