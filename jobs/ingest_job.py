@@ -26,7 +26,7 @@ from onceflow.jobs.delta.transactions import warm_writer
 from onceflow.jobs.ingest.micro_batch import run_micro_batch
 from onceflow.jobs.ingest.result import IngestResult
 from onceflow.jobs.run_relay import Turn, keep_going, plan_end, release, take_turn
-from onceflow.jobs.run_worker import record_worker
+from onceflow.jobs.run_worker import START_TIMEOUT_S, record_worker
 from onceflow.jobs.sources.reader import SourceRuntime, open_source
 from onceflow.resources.lake import LakeResource
 from onceflow.resources.pubsub import PubSubResource
@@ -74,8 +74,11 @@ POLL_S = 1.0
 RELAY_ASK_S = 1.0
 
 
-def build_ingest_job(pipeline: Pipeline, run_s: float = 0.0) -> dg.JobDefinition:
-    """The micro-batch job of a pipeline, named `ingest_<name>`; its runs take batches for `run_s` seconds."""
+def build_ingest_job(
+    pipeline: Pipeline, run_s: float = 0.0, start_timeout_s: float = START_TIMEOUT_S
+) -> dg.JobDefinition:
+    """The micro-batch job of a pipeline, named `ingest_<name>`; its runs take batches for `run_s` seconds, and
+    do not wait on an earlier run that has not begun its work within `start_timeout_s` (`run_worker.never_began`)."""
     raw_key = raw_asset_key(pipeline)
 
     # No Dagster pool: turns (`run_relay`) keep one batch of the source in flight, and let the next run's process
@@ -89,10 +92,11 @@ def build_ingest_job(pipeline: Pipeline, run_s: float = 0.0) -> dg.JobDefinition
         # A classic session lives as long as the run's process: built once (building it again took 12 ms a batch).
         # A Connect engine may restart under a run: asked for each batch, the session starts anew on the new one.
         get_spark = spark.get_session if spark.remote else functools.cache(spark.get_session)
-        turn = take_turn(context.instance, context.run_id, tags, warm=lambda: warm_up(get_spark, source))
+        turn = take_turn(context.instance, context.run_id, tags, warm=lambda: warm_up(get_spark, source),
+                         start_timeout_s=start_timeout_s, say=context.log.info)
         first_request = _first_request(context, turn)
         until_ms = plan_end(context.instance, context.run_id, run_s) if run_s else None
-        committed = _take_batches(context, raw_key, get_spark, source, until_ms, first_request)
+        committed = _take_batches(context, raw_key, get_spark, source, (until_ms, start_timeout_s), first_request)
         source.read_ahead.drop()  # the next run reads that batch itself: nothing of this run's Spark work outlives it
         release(context.instance, context.run_id)
         if not committed:
@@ -111,17 +115,17 @@ def build_ingest_job(pipeline: Pipeline, run_s: float = 0.0) -> dg.JobDefinition
 
 def _take_batches(
     context: dg.OpExecutionContext, raw_key: dg.AssetKey, get_spark: Callable[[], SparkSession],
-    source: SourceRuntime, until_ms: int | None, first_request: tuple[int, str],
+    source: SourceRuntime, until: tuple[int | None, float], first_request: tuple[int, str],
 ) -> int:
-    """Take the source's next batch, then, for a worker run (`until_ms`), the next ones while `keep_going` says so;
-    how many batches committed.
+    """Take the source's next batch, then, for a worker run (`until`: its planned end, and the start timeout of the
+    runs it hands over to), the next ones while `keep_going` says so; how many batches committed.
 
     A batch's log line and materialization are written to the instance (tens of ms on SQLite, a round trip on
     Postgres) on a thread of their own, in order, while the next batch runs. Before its planned end, a run asks
     whether another run waits for it about once a second, not once a batch: each ask reads the source's runs from
     the instance (30 ms on SQLite).
     """
-    tags, (requested_ms, requested_by) = source_tag(source.pipeline), first_request
+    tags, (requested_ms, requested_by), (until_ms, start_timeout_s) = source_tag(source.pipeline), first_request, until
     committed, asked_ms = 0, _now_ms()
     with ThreadPoolExecutor(1, thread_name_prefix="onceflow-report") as reports:
         reported: Future | None = None
@@ -137,7 +141,7 @@ def _take_batches(
                 break
             now = _now_ms()
             if now >= until_ms or now - asked_ms >= RELAY_ASK_S * 1000:
-                if not keep_going(context.instance, context.run_id, tags, until_ms):
+                if not keep_going(context.instance, context.run_id, tags, until_ms, start_timeout_s):
                     break
                 asked_ms = now
             if result is None:

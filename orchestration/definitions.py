@@ -72,7 +72,8 @@ def definitions(pipelines: Sequence[Pipeline] | None = None, settings: Settings 
     check_transforms(pipelines, resources["spark"].get_session, resources["lake"].declarations())
     outputs = [(p, o) for p in pipelines for o in p.outputs]
     maintenance, maintenance_schedule = build_maintenance_job(pipelines)
-    ingest_jobs = [build_ingest_job(p, settings.micro_batch_run_s) for p in pipelines]
+    timeout = settings.run_start_timeout_s
+    ingest_jobs = [build_ingest_job(p, settings.micro_batch_run_s, timeout) for p in pipelines]
     prune, prune_schedule = build_run_retention_job([job.name for job in ingest_jobs], settings.run_retention_h)
     return dg.Definitions(
         assets=[raw_asset(p) for p in pipelines]
@@ -80,10 +81,10 @@ def definitions(pipelines: Sequence[Pipeline] | None = None, settings: Settings 
         asset_checks=[build_commits_check(o.asset) for _, o in outputs],
         jobs=[*ingest_jobs, finalize_commits, maintenance, prune],
         schedules=[maintenance_schedule, prune_schedule],
-        sensors=[build_micro_batch_sensor(p, settings.idle_tick_s, settings.micro_batch_run_s, settings.keep_warm_s)
-                 for p in pipelines]
-        + [build_window_sensor(p, o) for p, o in outputs]
-        + [build_commit_sensor([o.asset for _, o in outputs]), build_dead_run_sensor()],
+        sensors=[build_micro_batch_sensor(p, settings.idle_tick_s, settings.micro_batch_run_s, settings.keep_warm_s,
+                                          timeout) for p in pipelines]
+        + [build_window_sensor(p, o, timeout) for p, o in outputs]
+        + [build_commit_sensor([o.asset for _, o in outputs], timeout), build_dead_run_sensor(timeout)],
         resources=resources,
         # One process per run: every job is one step, and a second process per step only adds start-up time.
         executor=dg.in_process_executor,

@@ -14,7 +14,14 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Literal
 
-from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    TopicCollection,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 TIMEOUT_S = 30.0
@@ -38,6 +45,15 @@ class KafkaRecord:
     headers: tuple[tuple[str, bytes | None], ...]
 
 
+@dataclass(frozen=True)
+class KafkaLog:
+    """Which log a topic name stands for now: the cluster's id and the topic's id (KIP-516), which a topic
+    re-created under its name, or the same name on another cluster (a DR replica), does not share."""
+
+    cluster_id: str
+    topic_id: str
+
+
 class KafkaClient:
     """A client of the cluster at `servers` with the source's consumer `options` (security settings and such)."""
 
@@ -55,13 +71,29 @@ class KafkaClient:
             raise KafkaTopicMissing(f"Kafka topic {topic!r} does not exist on {self.config['bootstrap.servers']}")
         return sorted(metadata.partitions)
 
-    def offsets(self, topic: str, partitions: list[int], which: Literal["earliest", "latest"]) -> dict[int, int]:
-        """Each partition's first offset still held (`earliest`) or its last stable offset (`latest`)."""
+    def log(self, topic: str) -> KafkaLog:
+        """The log `topic` names on this cluster now."""
+        cluster = self.admin.describe_cluster(request_timeout=TIMEOUT_S).result()
+        try:
+            described = self.admin.describe_topics(TopicCollection([topic]), request_timeout=TIMEOUT_S)[topic].result()
+        except KafkaException as error:
+            if error.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise KafkaTopicMissing(f"Kafka topic {topic!r} does not exist on {self.config['bootstrap.servers']}") \
+                    from None
+            raise
+        return KafkaLog(_canonical(str(cluster.cluster_id)), _canonical(str(described.topic_id)))
+
+    def offsets(
+        self, topic: str, partitions: list[int], which: Literal["earliest", "latest", "high"]
+    ) -> dict[int, int]:
+        """Each partition's first offset still held (`earliest`), its last stable offset (`latest`: nothing below it
+        belongs to an open transaction) or its high watermark (`high`: past every record written, committed or not)."""
         if not partitions:
             return {}
         spec = OffsetSpec.earliest() if which == "earliest" else OffsetSpec.latest()
+        isolation = IsolationLevel.READ_UNCOMMITTED if which == "high" else IsolationLevel.READ_COMMITTED
         futures = self.admin.list_offsets({TopicPartition(topic, p): spec for p in partitions},
-                                          isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=TIMEOUT_S)
+                                          isolation_level=isolation, request_timeout=TIMEOUT_S)
         return {tp.partition: future.result().offset for tp, future in futures.items()}
 
     def create_topic(self, topic: str, partitions: int | None = None, config: Mapping[str, str] | None = None) -> None:
@@ -95,6 +127,11 @@ class KafkaClient:
             consumer.commit(offsets=[TopicPartition(topic, p, end) for p, end in ends.items()], asynchronous=False)
         finally:
             consumer.close()
+
+
+def _canonical(uuid: str) -> str:
+    """A Kafka id as Kafka itself writes one (`Uuid.toString`: URL-safe base64), whatever alphabet the client used."""
+    return uuid.replace("+", "-").replace("/", "_")
 
 
 def _read_range(consumer: Consumer, topic: str, partition: int, start: int, until: int) -> Iterator[KafkaRecord]:

@@ -1,7 +1,7 @@
 """Where onceflow keeps its state: `$ONCEFLOW_HOME` (default `./.onceflow`), on local disk or `gs://`.
 
 Under it: `lake/` holds the Delta tables, `landing/` the immutable batch files, `checkpoints/` the source
-checkpoints, `commits/` the commit sequences, `published/` the file sink and `staging/` files BigQuery loads read.
+checkpoints, `manifests/` what each batch landed, `commits/` the commit sequences, `published/` the file sink and `staging/` files BigQuery loads read.
 """
 
 from __future__ import annotations
@@ -42,6 +42,10 @@ class LakeResource(dg.ConfigurableResource):
 
     def commits(self) -> ObjectStore:
         return open_store(f"{self.home}/commits")
+
+    def manifests(self) -> ObjectStore:
+        """What each committed batch landed (its records' IDs and event times), for reconciliation: `<home>/manifests`."""
+        return open_store(f"{self.home}/manifests")
 
     def epochs(self) -> ObjectStore:
         """Pipelines' epochs (`onceflow reset`), apart from the checkpoints: `<home>/epochs`."""

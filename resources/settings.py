@@ -126,6 +126,11 @@ class Settings(BaseSettings):
     dedup_horizon_s: int = Field(default=24 * 3600, gt=0)
     dedup_fast_path: bool = Field(default=True, description="An index of committed IDs' fingerprints (DESIGN 4, docs/dedup.md).")
     run_retention_h: float = Field(default=24.0, gt=0, description="Finished micro-batch runs are kept this long.")
+    run_start_timeout_s: float = Field(
+        default=180.0, gt=0, description="How long a run of onceflow's may wait, from its creation (or its launch) "
+        "to the start of its work, before it counts as dead: its source and pool are released, and the sensors report "
+        "it failed (a run killed in its first second).",
+    )
 
     crash_at: str | None = Field(default=None, description="Fault injection: `<point>[#k]`.")
     dagster_home: str | None = Field(default=None, validation_alias=AliasChoices("DAGSTER_HOME"))

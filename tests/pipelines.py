@@ -104,6 +104,15 @@ def dagster_cli(
         )
 
 
+def onceflow_cli(args: list[str], timeout_s: float = 300, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run `onceflow <args>` in its own process, as an operator would, with this process's settings and `env`."""
+    environment = {**os.environ, **env}
+    for inherited in ("ONCEFLOW_CRASH_AT", "SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE"):
+        environment.pop(inherited, None)
+    return subprocess.run([sys.executable, "-m", "onceflow", *args], env=environment, capture_output=True, text=True,
+                          timeout=timeout_s)
+
+
 def dagster_micro_batch(
     home: str, crash_at: str | None, pipeline: str = "events", dagster_home: str | None = None, **settings: str
 ) -> subprocess.CompletedProcess[str]:

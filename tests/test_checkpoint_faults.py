@@ -18,7 +18,8 @@ from onceflow.jobs.ingest import micro_batch
 from onceflow.jobs.ingest.micro_batch import run_micro_batch
 from onceflow.jobs.sources.checkpoint import EpochStore
 from onceflow.jobs.sources.reader import open_source
-from onceflow.jobs.verify.reconcile import landed_records, reconcile_source
+from onceflow.jobs.verify.landed import landed_records
+from onceflow.jobs.verify.reconcile import reconcile_source
 from onceflow.orchestration.sensors.micro_batch import build_micro_batch_sensor
 from onceflow.orchestration.sensors.window import build_window_sensor
 from onceflow.orchestration.workload import expected_raw, make_events, publish_events
@@ -115,7 +116,7 @@ def test_a_checkpoint_restored_from_an_old_copy_loses_nothing(
     source = open_source(pipeline, LakeResource(home=str(home)), lambda: client)
     assert [source.checkpoints.get_plan(b) for b in range(1, 5)] == [None] * 4
     landed = landed_records(source)
-    assert set(landed.column("record_id").to_pylist()) == {e.event_id for e in first + later + extra}
+    assert set(landed.records.column("record_id").to_pylist()) == {e.event_id for e in first + later + extra}
     assert reconcile_source(source, landed).ok
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import os
 import shutil
 import time
 import uuid
@@ -67,9 +68,14 @@ def clicks_source(home: Path, max_records: int = 1000, **kafka: str) -> SourceRu
                        LakeResource(home=str(home)))
 
 
+def at(topic: str, place: str) -> str:
+    """A record's position in the topic as it is now: `<topic>/<place>@<topic id>`."""
+    return f"{topic}/{place}@{KafkaClient(os.environ['KAFKA_BOOTSTRAP']).log(topic).topic_id}"
+
+
 def expected(topic: str, rows: list[tuple[int, str, dict, int]]) -> list[tuple]:
     return sorted((event_id, body["user"], Decimal(body["amount"]), f"k{partition}".encode(),
-                   f"{topic}/{partition}:{offset}") for partition, event_id, body, offset in rows)
+                   at(topic, f"{partition}:{offset}")) for partition, event_id, body, offset in rows)
 
 
 @pytest.mark.engine_paths
@@ -206,7 +212,7 @@ def test_a_partition_added_while_running_is_read_from_its_first_offset(
     assert [r.inserted for r in results] == [2]
     assert source.checkpoints.get_plan(results[0].batch_id).offsets[3] == (3, 0, 2)
     assert [r for r in read_rows(source.raw_path, ["record_id", "source_position"]) if r[0].startswith("new")] == [
-        ("new-0", f"{topic}/3:0"), ("new-1", f"{topic}/3:1")]
+        ("new-0", at(topic, "3:0")), ("new-1", at(topic, "3:1"))]
 
 
 @pytest.mark.engine_paths
@@ -231,7 +237,7 @@ def test_records_deleted_by_retention_before_they_are_read_are_never_silent(
     assert result is not None and result.inserted == 3 and result.balances()
     assert [r[0] for r in read_rows(source.raw_path, ["record_id"])] == ["e0", "e1", "e2", "e3", "e7", "e8", "e9"]
     assert read_rows(source.dead_letter_path, ["source_position", "reason"]) == [
-        (f"{topic}/0:4-6", "lost_in_source")]
+        (at(topic, "0:4-6"), "lost_in_source")]
 
 
 def mixed_records(count: int, prefix: str = "e") -> list[tuple[int, str, bytes]]:

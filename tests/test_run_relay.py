@@ -81,21 +81,21 @@ def test_a_dead_or_finished_run_holds_no_turn_and_a_retry_does_not_read_its_pare
 ) -> None:
     worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     dead = started(instance, pid=worker.pid)
-    assert holds_source(dead)
+    assert holds_source(instance, dead)
     worker.kill()
     worker.wait()
-    assert not holds_source(dead)  # killed without a word to Dagster: it still says STARTED
+    assert not holds_source(instance, dead)  # killed without a word to Dagster: it still says STARTED
     finished = started(instance)
     instance.report_run_failed(finished)
-    assert not holds_source(instance.get_run_by_id(finished.run_id))
+    assert not holds_source(instance, instance.get_run_by_id(finished.run_id))
     assert take_turn(instance, started(instance).run_id, SOURCE, warm=lambda: None).waited is False
 
     parent = started(instance)
     release(instance, parent.run_id)
     retry = create_run_for_test(instance, job_name="ingest_events", status=dg.DagsterRunStatus.NOT_STARTED,
                                 tags=instance.get_run_by_id(parent.run_id).tags)  # Dagster copies the tags
-    assert not holds_source(instance.get_run_by_id(parent.run_id))
-    assert holds_source(retry) and stamped(retry, RELEASED_TAG) is None
+    assert not holds_source(instance, instance.get_run_by_id(parent.run_id))
+    assert holds_source(instance, retry) and stamped(retry, RELEASED_TAG) is None
 
 
 def test_a_worker_run_keeps_going_past_its_end_only_for_a_successor_still_starting(
@@ -122,15 +122,15 @@ def test_a_worker_run_keeps_going_past_its_end_only_for_a_successor_still_starti
 
 def test_only_a_lone_worker_near_its_planned_end_is_due_for_relay(instance: dg.DagsterInstance) -> None:
     run = started(instance)
-    assert due_for_relay([run], now_ms()) is None  # not a worker run (no planned end)
+    assert due_for_relay(instance, [run], now_ms()) is None  # not a worker run (no planned end)
     until = plan_end(instance, run.run_id, 60)
     run = instance.get_run_by_id(run.run_id)
-    assert due_for_relay([run], now_ms()) is None  # 60 s off
-    assert due_for_relay([run], until - 10_000) == run
+    assert due_for_relay(instance, [run], now_ms()) is None  # 60 s off
+    assert due_for_relay(instance, [run], until - 10_000) == run
     successor = create_run_for_test(instance, job_name="ingest_events", status=dg.DagsterRunStatus.NOT_STARTED,
                                     tags=SOURCE)
-    assert due_for_relay([successor, run], until - 10_000) is None  # its successor is on its way
+    assert due_for_relay(instance, [successor, run], until - 10_000) is None  # its successor is on its way
     # A retry carrying the worker's copied planned end is not a worker of its own.
     copy = create_run_for_test(instance, job_name="ingest_events", status=dg.DagsterRunStatus.NOT_STARTED,
                                tags={**SOURCE, UNTIL_TAG: run.tags[UNTIL_TAG]})
-    assert due_for_relay([copy], until) is None
+    assert due_for_relay(instance, [copy], until) is None

@@ -547,8 +547,38 @@ def test_kafka_watermark_is_the_minimum_over_partitions_not_idle() -> None:
     watermark.observe({0: 60_000}, now_ms=105_000)
     assert watermark.current(105_000) == 19_000
     assert watermark.current(111_000) == 59_000  # partition 1 idle for the timeout: it holds no more
-    watermark.observe({2: None}, now_ms=112_000)  # records waiting in a partition never read yet
+    watermark.observe({}, now_ms=112_000, waiting=[2])  # records waiting in a partition never read yet
     assert watermark.current(112_000) == 59_000
     assert watermark.current(200_000) == 199_000  # every partition idle: near real time
     restored = KafkaWatermark(1_000, idle_timeout_ms=10_000).from_state(watermark.to_state())
     assert restored.current(150_000) == 199_000  # never goes back
+
+
+def test_a_kafka_transaction_held_open_holds_the_watermark_however_long() -> None:
+    watermark = KafkaWatermark(1_000, idle_timeout_ms=10_000)
+    watermark.observe({0: 50_000, 1: 50_000}, now_ms=100_000)
+    for now in range(105_000, 200_000, 5_000):  # partition 1 brings nothing but keeps a transaction open
+        watermark.observe({0: now - 50_000}, now_ms=now, open_=[1])
+        assert watermark.current(now) == 49_000
+    watermark.observe({0: 150_000}, now_ms=200_000)  # committed: no transaction open there any more
+    assert watermark.current(206_000) == 149_000
+
+
+def test_a_kafka_partition_of_only_invalid_records_stops_holding_after_the_idle_time() -> None:
+    watermark = KafkaWatermark(1_000, idle_timeout_ms=10_000)
+    watermark.observe({0: 50_000}, now_ms=100_000)
+    assert watermark.current(100_000) == 49_000
+    for now in range(102_000, 130_000, 2_000):  # partition 2: malformed lines only, always more waiting
+        watermark.observe({0: now - 50_000, 2: None}, now_ms=now, waiting=[2])
+        assert watermark.current(now) == (49_000 if now < 112_000 else now - 51_000)
+    # A valid record from it makes it hold again; a state saved and restored keeps what it knew.
+    watermark.observe({2: 60_000}, now_ms=130_000, waiting=[2])
+    restored = KafkaWatermark(1_000, idle_timeout_ms=10_000).from_state(watermark.to_state())
+    assert restored.current(131_000) == 77_000  # it holds again, never below what the watermark said
+
+
+def test_a_kafka_watermark_state_from_before_validity_was_told_apart_reads_as_active() -> None:
+    state = {"kind": "kafka", "watermark_ms": 40_000, "max_event_time_ms": {"0": 50_000, "1": 45_000},
+             "active_ms": {"0": 100_000, "1": 100_000}}
+    watermark = KafkaWatermark(1_000, idle_timeout_ms=10_000).from_state(state)
+    assert watermark.current(105_000) == 44_000 and watermark.current(111_000) == 110_000

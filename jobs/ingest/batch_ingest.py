@@ -29,7 +29,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
-from onceflow.jobs.declare.record_contract import RecordContract
 from onceflow.jobs.dedup.filter_store import IdFilterStore
 from onceflow.jobs.dedup.fingerprints import ID_HASH_COLUMNS, Fingerprints
 from onceflow.jobs.dedup.first_records import first_ids, first_prints
@@ -61,12 +60,14 @@ def ingest_batch(
     # The attempt's id tells which of two concurrent attempts at the batch made the commit that holds it.
     metadata = {"onceflow_source": source.app_id, "onceflow_batch": plan.batch_id, PLAN_KEY: plan.to_dict(),
                 ATTEMPT_KEY: uuid.uuid4().hex}
-    contract = RecordContract.of(pipeline)
+    contract = read.contract
     pending: Future | None = None
     try:
         _summarize(slim, result)
         if result.landed != result.received:  # planned positions that hold no record, or a reading that lost some
             result.landed = source.reader.recount(plan, result.landed)
+        # What the batch landed, kept for `verify` once the source lets its input go.
+        source.manifests.write(plan.batch_id, slim)
         if result.min_event_time_ms is not None:  # and its event times, for the watermark and the windows
             metadata[EVENT_TIMES_KEY] = [result.min_event_time_ms, result.max_event_time_ms]
         # Dead letters commit first, raw last: a batch is committed once raw holds it (`micro_batch.lake_batch`).

@@ -21,7 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from onceflow.jobs.declare.record_contract import RecordContract
-from onceflow.jobs.declare.schema import has_variant, quoted
+from onceflow.jobs.declare.schema import has_variant, quoted, type_ddl
 from onceflow.jobs.dedup.fingerprints import ID_HASH_COLUMNS, id_hash_sql
 from onceflow.jobs.dedup.first_records import without_ordinals
 from onceflow.jobs.delta.raw_table import DEAD_LETTER_SCHEMA, bucket_of, ensure_raw_table, raw_schema
@@ -42,12 +42,14 @@ _counter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onceflow-landed
 class BatchRead:
     """A batch read: its driver-side columns (`slim`: `reason, record_id, ordinal, t, time_bucket` and the dead
     letters' columns), its records' raw columns (`records`: row for row with `slim` when they came to the driver,
-    else a DataFrame of its valid ones over `cached`), the landing's own count of its records (`landed`), and the
+    else a DataFrame of its valid ones over `cached`), the landing's own count of its records (`landed`), the
+    contract it was classified under (its plan's: `RecordContract.planned`), and the
     raw append's transaction when begun beside the read (`begun`), and how long the read took (`seconds`)."""
 
     slim: pa.Table
     records: DataFrame | pa.Table
     landed: int
+    contract: RecordContract
     begun: Future | None = None
     cached: DataFrame | None = None
     seconds: float = 0.0
@@ -76,9 +78,13 @@ def ensure_tables(source: SourceRuntime) -> None:
 
 
 def raw_columns(source: SourceRuntime, contract: RecordContract) -> tuple[str, ...]:
-    """SQL: the raw table's columns of a classified record."""
+    """SQL: the raw table's columns of a record classified under `contract`; a field the declaration added since
+    the batch was planned (the plan's contract lacks it) is NULL, as in the rows committed before it."""
+    planned = {f.name for f in contract.schema}
+    fields = [quoted(f.name) if f.name in planned else f"CAST(NULL AS {type_ddl(f.dataType)}) AS {quoted(f.name)}"
+              for f in source.pipeline.record_schema]
     return (
-        "record_id", "event_time", *(quoted(f.name) for f in contract.schema), "payload", "source_position",
+        "record_id", "event_time", *fields, "payload", "source_position",
         "publish_time", "batch_id", "timestamp_millis(_ingested_ms) AS ingested_at", "time_bucket",
         *(quoted(f.name) for f in source.pipeline.source.bookkeeping), "ordinal",
     )
@@ -96,7 +102,7 @@ def read_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, land
     begun = None if rows_here else begin_append(spark, source.raw_path, lambda: ensure_tables(source))
     if begun is None:
         ensure_tables(source)
-    contract = RecordContract.of(source.pipeline)
+    contract = RecordContract.planned(source.pipeline, plan.contract, f"{source.app_id} batch {plan.batch_id}")
     numbers = batch_numbers(contract, plan.planned_at_ms, plan.horizon_floor_ms, batch_id=plan.batch_id,
                             _ingested_ms=plan.planned_at_ms)
     columns = raw_columns(source, contract)
@@ -111,7 +117,7 @@ def read_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, land
         if begun is not None:
             begun.result()  # the tables exist from here on
         # Before anything commits: a landing that cannot be counted stops the batch.
-        return BatchRead(slim, records, counted.result(), begun, cached, time.perf_counter() - start)
+        return BatchRead(slim, records, counted.result(), contract, begun, cached, time.perf_counter() - start)
     except BaseException:
         if cached is not None:
             cached.unpersist()

@@ -16,6 +16,8 @@ from typing import Any, ClassVar
 
 from pydantic import ConfigDict, Field
 
+from onceflow.jobs.declare.declaration import Pipeline
+from onceflow.jobs.declare.record_contract import RecordContract
 from onceflow.resources.files import FileEntry
 from onceflow.resources.object_store import ObjectStore
 from onceflow.resources.stored import Stored
@@ -28,7 +30,10 @@ class BatchPlan(Stored):
     `offsets` the `(partition, from, until)` offset ranges of a Kafka batch, and `lost` the ranges retention had
     deleted before they could be read (under `on_lost_records="dead_letter"`).
     `horizon_floor_ms` is the dedup horizon for this batch: records older than it cannot be checked for
-    duplicates any more and are dead-lettered, identically on every replay.
+    duplicates any more and are dead-lettered, identically on every replay. `contract` is the record contract the
+    batch is classified under (`RecordContract.to_dict`), whatever the declaration says when it is replayed;
+    `source_log` names the log the plan reads (Kafka: `<cluster id>/<topic id>[~<generation>]`, see
+    `onceflow.jobs.sources.kafka_log`). Both are None in plans made before they were recorded.
     """
 
     batch_id: int
@@ -39,6 +44,15 @@ class BatchPlan(Stored):
     files: tuple[FileEntry, ...] = ()
     offsets: tuple[tuple[int, int, int], ...] = ()
     lost: tuple[tuple[int, int, int], ...] = ()
+    contract: dict[str, Any] | None = None
+    source_log: str | None = None
+    # Format 2 added `contract` and `source_log`, optional: a format-1 plan reads as it was.
+    version: int = 2
+
+
+def planned_contract(pipeline: Pipeline) -> dict[str, Any]:
+    """What a new plan of `pipeline` carries as its contract (`BatchPlan.contract`)."""
+    return RecordContract.of(pipeline).to_dict(pipeline.delivery)
 
 
 class SourceCheckpoint(Stored):

@@ -21,7 +21,7 @@ from pyspark.sql import types as T
 from onceflow.jobs.declare.declaration import Pipeline
 from onceflow.jobs.declare.durations import parse_duration
 from onceflow.jobs.declare.sources import FileSource
-from onceflow.jobs.sources.checkpoint import BatchPlan, CheckpointStore, SourceCheckpoint
+from onceflow.jobs.sources.checkpoint import BatchPlan, CheckpointStore, SourceCheckpoint, planned_contract
 from onceflow.jobs.sources.landed_ids import LandedRow
 from onceflow.jobs.sources.landing import STREAM_STRIDE, BatchOutcome
 from onceflow.jobs.sources.watermark import FileWatermark, WatermarkEstimator
@@ -132,7 +132,7 @@ class FileReader:
         if not files:
             return None
         return BatchPlan(batch_id=checkpoint.next_batch, kind="files", horizon_floor_ms=horizon_floor_ms,
-                         planned_at_ms=int(time.time() * 1000), files=tuple(files))
+                         planned_at_ms=int(time.time() * 1000), files=tuple(files), contract=planned_contract(self.pipeline))
 
     def landed(self, spark: SparkSession, plan: BatchPlan) -> DataFrame:
         paths = [self.directory.path_of(entry) for entry in plan.files]

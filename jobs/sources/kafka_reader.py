@@ -21,11 +21,21 @@ from pyspark.sql import DataFrame, SparkSession
 from onceflow.jobs.declare.declaration import Pipeline
 from onceflow.jobs.declare.durations import parse_duration
 from onceflow.jobs.declare.sources import KafkaSource
-from onceflow.jobs.sources.checkpoint import BatchPlan, CheckpointStore, SourceCheckpoint
+from onceflow.jobs.sources.checkpoint import BatchPlan, CheckpointStore, SourceCheckpoint, planned_contract
 from onceflow.jobs.sources.committed_plans import CommittedPlans
+from onceflow.jobs.sources.kafka_log import (
+    KafkaLogChanged,
+    KafkaLogTruncated,
+    KafkaPositions,
+    PlannedLog,
+    ends_of,
+    position_suffix,
+    shared,
+    within,
+)
 from onceflow.jobs.sources.kafka_watermark import KafkaWatermark
 from onceflow.jobs.sources.landed_ids import LandedRow
-from onceflow.jobs.sources.landing import STREAM_STRIDE, BatchOutcome
+from onceflow.jobs.sources.landing import STREAM_STRIDE, BatchOutcome, InputGone
 from onceflow.resources.kafka import KafkaClient, KafkaRecord
 
 log = logging.getLogger("onceflow")
@@ -36,63 +46,48 @@ class KafkaRecordsLost(RuntimeError):
     """Records the source must read were deleted from the topic (by its retention) first."""
 
 
-class KafkaPositionUnknown(RuntimeError):
-    """Neither the checkpoints nor the lake hold the plan of the source's last committed batch."""
-
-
 class KafkaReader:
     """See the module docstring; `pipeline.source` is a settings-resolved `KafkaSource`."""
 
     reads_ahead = True
 
-    def __init__(self, pipeline: Pipeline, checkpoints: CheckpointStore, plans: CommittedPlans) -> None:
+    def __init__(
+        self, pipeline: Pipeline, checkpoints: CheckpointStore, plans: CommittedPlans,
+        previous: CommittedPlans | None = None,
+    ) -> None:
         source = pipeline.source
         if not isinstance(source, KafkaSource) or source.max_records is None:
             raise TypeError("KafkaReader needs a settings-resolved KafkaSource")
         self.pipeline, self.source, self.checkpoints, self.plans = pipeline, source, checkpoints, plans
+        self.positions = KafkaPositions(lambda: self.client, source, pipeline.name, checkpoints, plans, previous)
         self._gaps = False  # whether the last batch's offsets held fewer records than offsets (see landed_count)
-        self._lags: dict[int, dict[int, int]] = {}  # the last batch's, asked by its commit and by its run's report
+        self._lags: dict[int, tuple[dict[int, int], list[int]]] = {}  # the last batch's (`_lag_after`)
 
     @cached_property
     def client(self) -> KafkaClient:
         return KafkaClient(self.source.servers, self.source.consumer_options())
 
-    def _ends(self, checkpoint: SourceCheckpoint) -> dict[int, int] | None:
-        """Where the last committed batch's plan ended, per partition; None before the epoch's first batch."""
-        last = checkpoint.committed_batch
-        if last < self.checkpoints.first_batch:
-            return None
-        plan = self.plans.plan_of(last)
-        if plan is None:
-            raise KafkaPositionUnknown(f"{self.checkpoints.source_id}: no plan of committed batch {last} in the "
-                                       "checkpoints or the lake, so the next offsets are unknown")
-        return {p: until for p, _, until in (*plan.lost, *plan.offsets)}
-
-    def _next_ranges(self, checkpoint: SourceCheckpoint) -> tuple[Ranges, Ranges] | None:
-        """The next batch's `(offsets, lost)`; None when no partition has anything new."""
-        topic, ends = self.source.topic, self._ends(checkpoint)
-        partitions = self.client.partitions(topic)
-        earliest = self.client.offsets(topic, partitions, "earliest")
-        stable = self.client.offsets(topic, partitions, "latest")
-        if ends is None:
-            starts = earliest if self.source.starting_offsets == "earliest" else stable
-        else:
-            starts = {p: ends.get(p, 0) for p in partitions}  # a partition added since: from its first offset
+    def _next_ranges(self, checkpoint: SourceCheckpoint) -> tuple[Ranges, Ranges, PlannedLog] | None:
+        """The next batch's `(offsets, lost, log)`; None when no partition has anything new."""
+        topic, position = self.source.topic, self.positions.next(checkpoint)
+        starts, earliest, stable = position.starts, position.earliest, position.stable
+        partitions = sorted(starts)
         lost = tuple((p, starts[p], earliest[p]) for p in partitions if starts[p] < earliest[p])
         if lost and self.source.on_lost_records == "fail":
             raise KafkaRecordsLost(_lost_message(topic, lost))
         first = {p: max(starts[p], earliest[p]) for p in partitions}
-        taken = _shared(self.source.max_records or 0, {p: max(0, stable[p] - first[p]) for p in partitions})
+        taken = shared(self.source.max_records or 0, {p: max(0, stable[p] - first[p]) for p in partitions})
         offsets = tuple((p, first[p], first[p] + taken[p]) for p in partitions)
-        if ends is not None and not lost and not any(taken.values()):
+        if not position.first and not lost and not any(taken.values()):
             return None  # a first batch is planned even when empty: it fixes where the source starts
-        return offsets, lost
+        return offsets, lost, position.log
 
     def has_data(self, checkpoint: SourceCheckpoint) -> bool:
-        ends = self._ends(checkpoint)
-        partitions = self.client.partitions(self.source.topic)
-        stable = self.client.offsets(self.source.topic, partitions, "latest")
-        return ends is None or any(stable[p] > ends.get(p, 0) for p in partitions)
+        try:
+            position = self.positions.next(checkpoint)
+        except (KafkaLogChanged, KafkaLogTruncated):
+            return True  # a run says what changed, loudly
+        return position.first or any(position.stable[p] > start for p, start in position.starts.items())
 
     def next_plan(
         self, checkpoint: SourceCheckpoint, horizon_floor_ms: int | None, proposal: BatchPlan | None = None
@@ -106,23 +101,25 @@ class KafkaReader:
         if fresh.lost:
             log.warning(f"{self.checkpoints.source_id}: {_lost_message(self.source.topic, fresh.lost)}; they become "
                         "dead letters (on_lost_records='dead_letter')")
-        return self.checkpoints.plan(proposal if _within(proposal, fresh) else fresh)
+        return self.checkpoints.plan(proposal if within(proposal, fresh) else fresh)
 
     def propose(self, checkpoint: SourceCheckpoint, horizon_floor_ms: int | None) -> BatchPlan | None:
         ranges = self._next_ranges(checkpoint)
         if ranges is None:
             return None
-        offsets, lost = ranges
+        offsets, lost, planned = ranges
         return BatchPlan(batch_id=checkpoint.next_batch, kind="kafka", horizon_floor_ms=horizon_floor_ms,
-                         planned_at_ms=int(time.time() * 1000), offsets=offsets, lost=lost)
+                         planned_at_ms=int(time.time() * 1000), offsets=offsets, lost=lost,
+                         contract=planned_contract(self.pipeline), source_log=planned.text)
 
     def landed(self, spark: SparkSession, plan: BatchPlan) -> DataFrame:
         self._check_still_held(plan)
         topic, read = self.source.topic, [(p, start, until) for p, start, until in plan.offsets if until > start]
+        suffix = position_suffix(plan)
         ordinal = "CASE partition " + " ".join(
             f"WHEN {p} THEN {index * STREAM_STRIDE - start}L + offset" for index, (p, start, _) in enumerate(read)
         ) + " END" if read else "offset"
-        position = f"concat('{topic}/', partition, ':', offset)"
+        position = f"concat('{topic}/', partition, ':', offset, '{suffix}')"
         # A header named twice: its first value is the attribute (a Spark map cannot hold one key twice).
         attributes = ("map_from_entries(transform(filter(transform(kafka_headers, (h, i) -> named_struct('h', h, "
                       "'i', i)), e -> NOT exists(slice(kafka_headers, 1, e.i), x -> x.key = e.h.key)), "
@@ -152,7 +149,7 @@ class KafkaReader:
                                 "value: BINARY>>) AS kafka_headers WHERE false").selectExpr(*columns)
         if not plan.lost:
             return records
-        markers = ", ".join(f"({len(read) * STREAM_STRIDE + i}L, '{topic}/{p}:{start}-{until - 1}')"
+        markers = ", ".join(f"({len(read) * STREAM_STRIDE + i}L, '{topic}/{p}:{start}-{until - 1}{suffix}')"
                             for i, (p, start, until) in enumerate(plan.lost))
         # One row per lost range, without bytes: validation makes it a `lost_in_source` dead letter.
         return records.unionByName(spark.sql(
@@ -163,7 +160,14 @@ class KafkaReader:
         ))
 
     def _check_still_held(self, plan: BatchPlan) -> None:
-        """Records deleted after their batch was planned would make its replays differ: say so, never skip them."""
+        """Records deleted after their batch was planned, or another log under the topic's name, would make its
+        replays differ: say so, never skip them."""
+        planned = PlannedLog.of(plan)
+        if planned is not None and not planned.is_log(self.client.log(self.source.topic)):
+            raise KafkaLogChanged(
+                f"Kafka topic {self.source.topic!r} is not the log batch {plan.batch_id} was planned on (cluster "
+                f"{planned.cluster_id} topic id {planned.topic_id}): its replays cannot read what it planned. "
+                f"`onceflow reset {self.pipeline.name} --drop-uncommitted` drops the batch")
         partitions = [p for p, start, until in plan.offsets if until > start]
         earliest = self.client.offsets(self.source.topic, partitions, "earliest")
         gone = tuple((p, start, min(until, earliest[p])) for p, start, until in plan.offsets
@@ -196,9 +200,17 @@ class KafkaReader:
         return sum(1 for _ in records) + len(plan.lost)
 
     def landed_rows(self, plan: BatchPlan) -> list[LandedRow]:
-        topic = self.source.topic
-        lost = [LandedRow(f"{topic}/{p}:{start}-{until - 1}", None, b"", None) for p, start, until in plan.lost]
-        return [*(_landed_row(topic, record) for record in self._records(plan)), *lost]
+        topic, planned, suffix = self.source.topic, PlannedLog.of(plan), position_suffix(plan)
+        if planned is not None and not planned.is_log(self.client.log(topic)):
+            raise InputGone(f"Kafka topic {topic!r} is another log than batch {plan.batch_id} read (re-created)")
+        partitions = [p for p, start, until in plan.offsets if until > start]
+        earliest = self.client.offsets(topic, partitions, "earliest")
+        gone = [(p, start, until) for p, start, until in plan.offsets if until > start and earliest[p] > start]
+        if gone:  # a consumer would jump past them and read nothing: never a silent empty reading
+            ranges = ", ".join(f"partition {p} offsets {start}..{until - 1}" for p, start, until in gone)
+            raise InputGone(f"Kafka topic {topic!r} no longer holds {ranges} of batch {plan.batch_id} (retention)")
+        lost = [LandedRow(f"{topic}/{p}:{start}-{until - 1}{suffix}", None, b"", None) for p, start, until in plan.lost]
+        return [*(_landed_row(topic, record, suffix) for record in self._records(plan)), *lost]
 
     def _records(self, plan: BatchPlan) -> list[KafkaRecord]:
         return list(self.client.records(self.source.topic, list(plan.offsets)))
@@ -210,7 +222,19 @@ class KafkaReader:
         ).from_state(state)
 
     def before_batch(self, now_ms: int) -> None:
-        return None
+        # A transaction held open holds the watermark on an idle poll too (no batch to tell it so).
+        partitions = self.client.partitions(self.source.topic)
+        held = self._open(partitions, self.client.offsets(self.source.topic, partitions, "latest"))
+        if not held:
+            return
+
+        def mark(checkpoint: SourceCheckpoint) -> SourceCheckpoint:
+            watermark = self.watermark(checkpoint.watermark)
+            watermark.observe({}, now_ms, open_=held)
+            checkpoint.watermark = watermark.to_state()
+            return checkpoint
+
+        self.checkpoints.update(mark)
 
     def after_commit(self, watermark: KafkaWatermark, plan: BatchPlan, outcome: BatchOutcome, now_ms: int) -> None:
         read = [p for p, start, until in plan.offsets if until > start]
@@ -219,9 +243,10 @@ class KafkaReader:
                     if stream < len(read)}
         else:  # a batch found committed in the lake: only its newest event time is known
             seen = dict.fromkeys(read, outcome.max_event_time_ms)
-        # A partition with records past this batch is not idle, read or not: it holds the watermark.
-        waiting = [p for p, count in self._lag_after(plan).items() if count]
-        watermark.observe({**dict.fromkeys(waiting), **{p: seen.get(p) for p in read}}, now_ms)
+        # A partition with records past this batch, or a transaction open, is not idle, read or not.
+        lag, held = self._lag_after(plan)
+        watermark.observe({p: seen.get(p) for p in read}, now_ms, waiting=[p for p, n in lag.items() if n],
+                          open_=held)
 
     def after_checkpoint(self, plan: BatchPlan) -> None:
         try:
@@ -231,57 +256,41 @@ class KafkaReader:
             log.warning(f"{self.checkpoints.source_id}: could not record consumer group offsets: {error}")
 
     def lag(self, plan: BatchPlan) -> dict[str, int]:
-        return {f"partition_{p}": count for p, count in self._lag_after(plan).items()}
+        return {f"partition_{p}": count for p, count in self._lag_after(plan)[0].items()}
 
-    def _lag_after(self, plan: BatchPlan) -> dict[int, int]:
+    def _lag_after(self, plan: BatchPlan) -> tuple[dict[int, int], list[int]]:
+        """What waits past batch `plan` per partition, and the partitions with a transaction open (asked once a
+        batch: by its commit and by its run's report)."""
         if plan.batch_id not in self._lags:
-            self._lags = {plan.batch_id: self._lag({p: until for p, _, until in plan.offsets})}
+            partitions = self.client.partitions(self.source.topic)
+            stable = self.client.offsets(self.source.topic, partitions, "latest")
+            ends = {p: until for p, _, until in plan.offsets}
+            lag = {p: max(0, stable[p] - ends.get(p, 0)) for p in partitions}
+            self._lags = {plan.batch_id: (lag, self._open(partitions, stable))}
         return self._lags[plan.batch_id]
 
-    def backlog(self, checkpoint: SourceCheckpoint) -> str:
-        return ", ".join(f"partition {p} lag {count}" for p, count in self._lag(self._ends(checkpoint) or {}).items())
+    def _open(self, partitions: list[int], stable: dict[int, int]) -> list[int]:
+        """The partitions whose high watermark is above their last stable offset: a transaction is open there."""
+        high = self.client.offsets(self.source.topic, partitions, "high")
+        return [p for p in partitions if high[p] > stable[p]]
 
-    def _lag(self, ends: dict[int, int]) -> dict[int, int]:
-        """Offsets (records and transaction markers) past `ends` up to each partition's last stable offset."""
+    def backlog(self, checkpoint: SourceCheckpoint) -> str:
+        last = self.positions.last_plan(checkpoint)
+        ends = ends_of(last) if last else {}
         partitions = self.client.partitions(self.source.topic)
         stable = self.client.offsets(self.source.topic, partitions, "latest")
-        return {p: max(0, stable[p] - ends.get(p, 0)) for p in partitions}
+        return ", ".join(f"partition {p} lag {max(0, stable[p] - ends.get(p, 0))}" for p in partitions)
 
     def ensure(self) -> str:
         self.client.create_topic(self.source.topic)
         return f"Kafka topic {self.source.topic}"
 
 
-def _within(proposal: BatchPlan | None, fresh: BatchPlan) -> bool:
-    """Whether the plan read ahead, `proposal`, may be recorded instead of `fresh`: the same batch, horizon floor
-    and lost ranges, each partition's offsets starting where `fresh`'s do and ending no later. The records at an
-    offset never change, so it is a smaller batch of the same records (the rest comes next); more arrived since
-    it was proposed is the common case of a topic that is not behind."""
-    if proposal is None or proposal.kind != "kafka":
-        return False
-    same = ((proposal.batch_id, proposal.horizon_floor_ms, proposal.lost)
-            == (fresh.batch_id, fresh.horizon_floor_ms, fresh.lost))
-    starts = [(p, start) for p, start, _ in proposal.offsets] == [(p, start) for p, start, _ in fresh.offsets]
-    return same and starts and all(
-        start <= until <= limit for (_, start, until), (_, _, limit) in zip(proposal.offsets, fresh.offsets, strict=True)
-    )
-
-
-def _shared(budget: int, available: dict[int, int]) -> dict[int, int]:
-    """`budget` records shared out evenly over the partitions, a partition with fewer waiting leaving its part of
-    the share to the others."""
-    taken, order = {}, sorted(available, key=available.__getitem__)
-    for index, partition in enumerate(order):
-        taken[partition] = min(available[partition], -(-budget // (len(order) - index)))
-        budget -= taken[partition]
-    return taken
-
-
-def _landed_row(topic: str, record: KafkaRecord) -> LandedRow:
+def _landed_row(topic: str, record: KafkaRecord, suffix: str) -> LandedRow:
     attributes: dict[str, str] = {}
     for key, value in record.headers:
         attributes.setdefault(key, "" if value is None else value.decode("utf-8", "replace"))
-    return LandedRow(f"{topic}/{record.partition}:{record.offset}", attributes, record.value or b"",
+    return LandedRow(f"{topic}/{record.partition}:{record.offset}{suffix}", attributes, record.value or b"",
                      record.timestamp_ms)
 
 

@@ -30,6 +30,12 @@ STREAM_STRIDE = 1 << 40
 """Ordinals are `stream * STREAM_STRIDE + position in the stream`: for streams under a terabyte (or 2**40 records)."""
 
 
+class InputGone(RuntimeError):
+    """A committed batch's input is no longer in its source as it was landed: deleted by retention, compacted,
+    archived, or the log replaced by another (a Kafka topic re-created). Only reconciliation meets it: a batch is
+    read before it commits, and its replays are checked against what was planned."""
+
+
 class BatchOutcome(Protocol):
     """What a source's watermark learns from a committed batch: the newest event time of its valid records, and
     per stream (`ordinal // STREAM_STRIDE`; empty when unknown)."""

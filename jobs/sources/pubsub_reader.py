@@ -23,7 +23,7 @@ from onceflow.jobs.declare.declaration import Pipeline
 from onceflow.jobs.declare.durations import parse_duration
 from onceflow.jobs.declare.sources import PubSubSource
 from onceflow.jobs.sources.backlog import BacklogProbe, EmulatorBacklogProbe
-from onceflow.jobs.sources.checkpoint import BatchPlan, CheckpointStore, SourceCheckpoint
+from onceflow.jobs.sources.checkpoint import BatchPlan, CheckpointStore, SourceCheckpoint, planned_contract
 from onceflow.jobs.sources.cloud_backlog import CloudMonitoringBacklogProbe
 from onceflow.jobs.sources.landed_ids import LandedRow
 from onceflow.jobs.sources.landing import LANDING_SCHEMA, BatchOutcome
@@ -99,6 +99,7 @@ class PubSubReader:
                     horizon_floor_ms=horizon_floor_ms,
                     planned_at_ms=int(time.time() * 1000),
                     landing_key=self.landing_key(batch_id),
+                    contract=planned_contract(self.pipeline),
                 )
             )
             if plan.landing_key is None or not self.landing.create(plan.landing_key, _to_parquet(batch.messages)):

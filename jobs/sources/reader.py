@@ -26,6 +26,7 @@ from onceflow.jobs.sources.file_reader import FileReader
 from onceflow.jobs.sources.kafka_reader import KafkaReader
 from onceflow.jobs.sources.landed_ids import LandedRow
 from onceflow.jobs.sources.landing import BatchOutcome
+from onceflow.jobs.sources.manifests import ManifestStore
 from onceflow.jobs.sources.pubsub_reader import PubSubReader
 from onceflow.jobs.sources.watermark import WatermarkEstimator
 from onceflow.resources.lake import LakeResource
@@ -119,6 +120,7 @@ class SourceRuntime:
     `app_id` names the source in its current epoch: the Delta `txnAppId` of its commits and the key of its
     checkpoints and landing files (`<pipeline>/<kind>`, then `<pipeline>/<kind>@<epoch>` after a reset). Batch
     numbers go on across epochs: an epoch's first batch is above every batch of the epochs before it.
+    `manifests` keeps what each batch landed, for reconciliation after its source lets it go.
     `id_filters` and `dead_letter_filters` keep the fingerprints of the IDs the raw and dead-letter tables hold
     (None: the lake's fast path is off, or, for raw, the pipeline is at-least-once). `read_ahead` holds the next
     batch's read while a batch commits (`onceflow.jobs.ingest.read_ahead`).
@@ -131,6 +133,7 @@ class SourceRuntime:
     plans: CommittedPlans
     raw_path: str
     dead_letter_path: str
+    manifests: ManifestStore
     id_filters: IdFilterStore | None = None
     dead_letter_filters: IdFilterStore | None = None
     read_ahead: ReadAhead = field(default_factory=ReadAhead, compare=False)
@@ -152,14 +155,20 @@ def open_source(
     epochs = EpochStore(lake.epochs())
     epoch = epochs.current(pipeline.name) if epoch is None else epoch
     source_app = app_id(pipeline, epoch)
-    checkpoints = CheckpointStore(lake.checkpoints(), source_app, epochs.first_batches(pipeline.name)[epoch])
+    first_batches = epochs.first_batches(pipeline.name)
+    checkpoints = CheckpointStore(lake.checkpoints(), source_app, first_batches[epoch])
     raw, dead = lake.table_path(pipeline.raw_table), lake.table_path(pipeline.dead_letter_table)
     plans = CommittedPlans(checkpoints, source_app, raw, dead)
     reader: SourceReader
     if isinstance(pipeline.source, FileSource):
         reader = FileReader(pipeline, checkpoints)
     elif isinstance(pipeline.source, KafkaSource):
-        reader = KafkaReader(pipeline, checkpoints, plans)
+        previous = None
+        if epoch > 0:  # where this epoch's first plan goes on
+            before = app_id(pipeline, epoch - 1)
+            previous = CommittedPlans(CheckpointStore(lake.checkpoints(), before, first_batches[epoch - 1]), before,
+                                      raw, dead)
+        reader = KafkaReader(pipeline, checkpoints, plans, previous)
     else:
         reader = PubSubReader(pipeline, pubsub, checkpoints, lake.landing())
     filters = None
@@ -168,7 +177,8 @@ def open_source(
     # Dead letters are held once per ID in either delivery mode.
     dead_filters = IdFilterStore(lake.filters(), pipeline.dead_letter_table, dead, BATCH_RANGES) if lake.id_filters \
         else None
-    return SourceRuntime(pipeline, source_app, reader, checkpoints, plans, raw, dead, filters, dead_filters)
+    manifests = ManifestStore(lake.manifests(), source_app)
+    return SourceRuntime(pipeline, source_app, reader, checkpoints, plans, raw, dead, manifests, filters, dead_filters)
 
 
 def source_watermark_ms(checkpoint: SourceCheckpoint) -> int | None:

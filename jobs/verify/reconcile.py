@@ -1,8 +1,9 @@
 """Reconciliation from independent facts: what was landed, what the tables hold, what the commits say they wrote,
 what was published — each read its own way, so that a classification, MERGE or publishing bug shows up.
 
-- Landed: every record of every committed batch, read in plain Python from the landing (`onceflow.jobs.sources.landed_ids`): its
-  ID and event time, kept as Arrow columns. Duplicates are measured here: every occurrence of an ID after those
+- Landed: every record of every committed batch, read in plain Python from the landing (`onceflow.jobs.verify.landed`;
+  a batch whose source no longer holds its input from its manifest, else counted as not re-checkable): its ID and
+  event time, kept as Arrow columns. Duplicates are measured here: every occurrence of an ID after those
   the tables keep. The counting is column-wise (`onceflow.jobs.verify.id_accounting`).
 - Tables: raw, dead letters and the window table read with delta-rs (a second engine), and the metrics of the
   source's own commits from the Delta log.
@@ -23,33 +24,24 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 
 import pyarrow as pa
-from deltalake.exceptions import TableNotFoundError
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from onceflow.jobs.declare.declaration import WindowedOutput
-from onceflow.jobs.declare.record_contract import RecordContract
 from onceflow.jobs.delta.commit_log import rows_appended
 from onceflow.jobs.publish.commit_records import DONE
 from onceflow.jobs.publish.commit_store import CommitStore
 from onceflow.jobs.publish.pane_sequence import pane_prefix
 from onceflow.jobs.publish.sequence import sequence_id
-from onceflow.jobs.sources.landed_ids import LandedRow, identify_all
 from onceflow.jobs.sources.reader import SourceRuntime
-from onceflow.jobs.verify.id_accounting import (
-    UNASSIGNED,
-    ids,
-    later_occurrences,
-    missing,
-    per_window,
-    repeated,
-)
+from onceflow.jobs.verify.id_accounting import UNASSIGNED, later_occurrences, missing, per_window, repeated
+from onceflow.jobs.verify.landed import LandedAccount
+from onceflow.jobs.verify.tables import epoch_ms_columns, exists, table_ids
 from onceflow.jobs.windows.panes import CloseStore, PaneClose, Window
 from onceflow.jobs.windows.transform import pane_frame
 from onceflow.resources.delta_storage import delta_table
@@ -86,37 +78,23 @@ class WindowReconciliation:
 
 @dataclass
 class SourceReconciliation:
-    """Source-wide facts: IDs landed but held nowhere, IDs held twice, commits that disagree with the tables."""
+    """Source-wide facts: IDs landed but held nowhere, IDs held twice, commits that disagree with the tables; and
+    `notes`, what the account could not read from the source (no failure)."""
 
     lost: list[str] = field(default_factory=list)
     doubled_raw: list[str] = field(default_factory=list)
     doubled_dead: list[str] = field(default_factory=list)
     metric_mismatches: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not (self.lost or self.doubled_raw or self.doubled_dead or self.metric_mismatches)
 
 
-def landed_records(*epochs: SourceRuntime) -> pa.Table:
-    """Every record of every committed batch of the source in each of `epochs` (its runtimes, oldest first; their
-    batch numbers follow each other), identified in plain Python a batch at a time (`landed_ids.LANDED`)."""
-
-    def batches() -> Iterator[tuple[int, list[LandedRow]]]:
-        for source in epochs:
-            for batch in range(source.checkpoints.first_batch, source.checkpoints.load().committed_batch + 1):
-                plan = source.plans.plan_of(batch)
-                if plan is None:
-                    raise RuntimeError(f"{source.app_id}: batch {batch} is committed but neither the checkpoints "
-                                       "nor the tables' commits hold its plan")
-                yield batch, source.reader.landed_rows(plan)
-
-    return identify_all(batches(), RecordContract.of(epochs[0].pipeline))
-
-
-def reconcile_source(source: SourceRuntime, landed: pa.Table) -> SourceReconciliation:
-    raw, dead = _ids(source.raw_path), _ids(source.dead_letter_path)
-    result = SourceReconciliation(lost=missing(landed.column("record_id"), raw, dead))
+def reconcile_source(source: SourceRuntime, account: LandedAccount) -> SourceReconciliation:
+    raw, dead = table_ids(source.raw_path), table_ids(source.dead_letter_path)
+    result = SourceReconciliation(lost=missing(account.records.column("record_id"), raw, dead), notes=account.summary())
     if source.pipeline.delivery == "exactly_once":
         result.doubled_raw = repeated(raw)
     result.doubled_dead = repeated(dead)
@@ -139,20 +117,20 @@ def reconcile(
 ) -> list[WindowReconciliation]:
     """The reconciliation of every window of `output` that received records, in window order (`unassigned` last)."""
     size = output.window_s
-    dead_ids = _ids(source.dead_letter_path)
-    kept_raw = _ids(source.raw_path) if source.pipeline.delivery == "exactly_once" else None
+    dead_ids = table_ids(source.dead_letter_path)
+    kept_raw = table_ids(source.raw_path) if source.pipeline.delivery == "exactly_once" else None
     received = per_window(landed.column("event_time_ms"), size)
     duplicates = per_window(later_occurrences(landed, kept_raw, dead_ids).column("event_time_ms"), size)
     windows = {k: Window.from_partition_key(k, size) for k in received if k != UNASSIGNED}
     closed = {k: c for k, w in windows.items() if (c := closes.latest(w)) is not None}
     inserted, late = Counter(), Counter()
-    raw = _arrow(source.raw_path, ["event_time", "batch_id"])
+    raw = epoch_ms_columns(source.raw_path, ["event_time", "batch_id"])
     for (w, batch), n in per_window(raw.column("event_time"), size, raw.column("batch_id")).items():
         if w in closed and batch > closed[w].max_batch_id:
             late[w] += n
         else:
             inserted[w] += n
-    dead = per_window(_arrow(source.dead_letter_path, ["event_time"]).column("event_time"), size)
+    dead = per_window(epoch_ms_columns(source.dead_letter_path, ["event_time"]).column("event_time"), size)
     table = _window_rows(windows_path)
     matches = _outputs_match(spark, source, output, windows_path, {windows[k]: c for k, c in closed.items()})
     results = []
@@ -169,33 +147,9 @@ def reconcile(
     return results
 
 
-def _exists(path: str) -> bool:
-    try:
-        delta_table(path)
-    except TableNotFoundError:
-        return False
-    return True
-
-
-def _arrow(path: str, columns: list[str]) -> pa.Table:
-    """Columns of a table read with delta-rs (none when it does not exist); timestamps as epoch milliseconds."""
-    if not _exists(path):
-        return pa.table({name: pa.array([], pa.int64()) for name in columns})
-    table = delta_table(path).to_pyarrow_table(columns=columns)
-    for i, name in enumerate(columns):
-        column = table.column(name)
-        if str(column.type).startswith("timestamp"):
-            table = table.set_column(i, name, column.cast(pa.timestamp("ms", tz="UTC")).cast(pa.int64()))
-    return table
-
-
-def _ids(path: str) -> pa.Array:
-    return ids(_arrow(path, ["record_id"]).column("record_id"))
-
-
 def _inserted_by_commits(path: str) -> int | None:
     """Rows inserted by every commit of the table, from the Delta log's operation metrics."""
-    if not _exists(path):
+    if not exists(path):
         return None
     total = 0
     for commit in delta_table(path).history():
@@ -212,7 +166,7 @@ def _inserted_by_commits(path: str) -> int | None:
 
 def _window_rows(windows_path: str) -> dict[str, list[str]]:
     """Each window's rows in the window table, as canonical sorted JSON (the form the file sink writes)."""
-    if not _exists(windows_path):
+    if not exists(windows_path):
         return {}
     table = delta_table(windows_path).to_pyarrow_table().to_pylist()
     rows: dict[str, list[str]] = {}
@@ -259,7 +213,7 @@ def _outputs_match(
     closed: dict[Window, PaneClose],
 ) -> dict[str, bool]:
     """Per closed window: do its rows equal the transform recomputed from raw at the pane's version?"""
-    if not closed or not _exists(windows_path):
+    if not closed or not exists(windows_path):
         return {}
     table = spark.read.format("delta").load(windows_path)
     by_version: dict[int, list[tuple[Window, int, str]]] = {}

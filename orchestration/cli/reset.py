@@ -75,7 +75,7 @@ def _run_in_flight(pipeline: Pipeline) -> str | None:
         return None
     with instance:
         runs = instance.get_runs(filters=dg.RunsFilter(job_name=f"ingest_{pipeline.name}"), limit=RUNS_LOOKED_AT)
-        return in_flight(instance, list(runs))
+        return in_flight(instance, list(runs), load_settings().run_start_timeout_s)
 
 
 def fence(source: SourceRuntime, batch: int) -> None:

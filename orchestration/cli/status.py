@@ -9,6 +9,7 @@ Spark and exits non-zero on any mismatch.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -19,10 +20,10 @@ from onceflow.jobs.publish.sequence import sequence_id
 from onceflow.jobs.publish.sinks import files_root
 from onceflow.jobs.sources.checkpoint import EpochStore, SourceCheckpoint
 from onceflow.jobs.sources.reader import SourceRuntime, open_source, source_watermark_ms
+from onceflow.jobs.verify.landed import landed_records
 from onceflow.jobs.verify.reconcile import (
     SourceReconciliation,
     WindowReconciliation,
-    landed_records,
     reconcile,
     reconcile_source,
     render,
@@ -133,7 +134,7 @@ def reconcile_pipeline(
     outputs = {
         output.asset: reconcile(
             spark, source, output, CloseStore(lake.panes(), output.asset), commits, lake.table_path(output.table),
-            files_root(output, lake.sink_root(), lake.staging_root()), landed,
+            files_root(output, lake.sink_root(), lake.staging_root()), landed.records,
         )
         for output in pipeline.outputs
     }
@@ -141,31 +142,39 @@ def reconcile_pipeline(
 
 
 def verify(spark: SparkSession, pipelines: list[Pipeline], lake: LakeResource) -> bool:
-    """Print the reconciliation of every pipeline; True when exactly-once held everywhere."""
-    ok = True
+    """Print the reconciliation of every pipeline, each with a verdict of its own; True when exactly-once held
+    everywhere."""
+    held_everywhere = True
     for pipeline in pipelines:
         source, outputs = reconcile_pipeline(spark, pipeline, lake)
         for problem, ids in (("lost (landed, held nowhere)", source.lost), ("twice in raw", source.doubled_raw),
                              ("twice in the dead letters", source.doubled_dead)):
             if ids:
                 print(f"{pipeline.name}: {len(ids)} record IDs {problem}: {', '.join(ids[:10])}")
-        for mismatch in source.metric_mismatches:
-            print(f"{pipeline.name}: {mismatch}")
-        ok = ok and source.ok
+        for line in [*source.metric_mismatches, *source.notes]:
+            print(f"{pipeline.name}: {line}")
+        held = source.ok
         for asset, rows in outputs.items():
             print(f"{pipeline.name} {asset}: received = inserted + duplicates + late + dead-lettered, per window")
             print(render(rows))
             bad = [r.window for r in rows if not r.ok]
-            ok = ok and not bad
+            held = held and not bad
             print(f"{pipeline.name} {asset}: {'MISMATCH in ' + ', '.join(bad) if bad else 'windows reconcile'}")
-        print(f"{pipeline.name}: {'exactly-once holds' if source.ok and ok else 'exactly-once VIOLATED'}")
-    return ok
+        print(f"{pipeline.name}: {'exactly-once holds' if held else 'exactly-once VIOLATED'}")
+        held_everywhere = held_everywhere and held
+    return held_everywhere
 
 
 def cmd_verify(_: argparse.Namespace) -> int:
-    settings = load_settings()
-    resources = resources_for(settings)
-    ok = verify(resources["spark"].get_session(), load_pipelines(settings), resources["lake"])
+    """Exit 0 when exactly-once held, 1 on a mismatch, 2 on an error (named on stderr): never a traceback for what
+    the tables or the sources hold."""
+    try:
+        settings = load_settings()
+        resources = resources_for(settings)
+        ok = verify(resources["spark"].get_session(), load_pipelines(settings), resources["lake"])
+    except Exception as error:
+        print(f"onceflow verify: could not reconcile: {type(error).__name__}: {error}", file=sys.stderr)
+        return 2
     return 0 if ok else 1
 
 

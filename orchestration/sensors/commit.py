@@ -23,13 +23,16 @@ from onceflow.jobs.finalize_job import FINALIZE_JOB, SEQUENCE_TAG, finalize_run_
 from onceflow.jobs.publish.commit_records import PENDING, SequenceState
 from onceflow.jobs.publish.commit_store import CommitStore
 from onceflow.jobs.publish.sequence import sequence_asset
+from onceflow.jobs.run_worker import START_TIMEOUT_S
 from onceflow.orchestration.sensors.runs import in_flight, runs_tagged
 from onceflow.resources.lake import LakeResource
 
 
-def _busy(instance: dg.DagsterInstance, state: SequenceState, runs: list[dg.DagsterRun]) -> str | None:
+def _busy(
+    instance: dg.DagsterInstance, state: SequenceState, runs: list[dg.DagsterRun], start_timeout_s: float
+) -> str | None:
     """Why the sequence is being worked on, or None."""
-    busy = in_flight(instance, runs)
+    busy = in_flight(instance, runs, start_timeout_s)
     if busy:
         return busy
     for attempt in state.attempts:
@@ -61,12 +64,12 @@ def _record_dead_runs(
 
 
 def plan_sequence(
-    store: CommitStore, instance: dg.DagsterInstance, seq: str
+    store: CommitStore, instance: dg.DagsterInstance, seq: str, start_timeout_s: float = START_TIMEOUT_S
 ) -> dg.RunRequest | dg.SkipReason:
     """What the sensor does about one unfinished sequence: a run request, or why not."""
     runs = runs_tagged(instance, {SEQUENCE_TAG: seq})
     state = store.state(seq)
-    busy = _busy(instance, state, runs)
+    busy = _busy(instance, state, runs, start_timeout_s)
     if busy:
         return dg.SkipReason(f"{seq}: {busy}")
     _record_dead_runs(store, instance, state, runs)
@@ -84,7 +87,7 @@ def plan_sequence(
     )
 
 
-def build_commit_sensor(assets: list[str]) -> dg.SensorDefinition:
+def build_commit_sensor(assets: list[str], start_timeout_s: float = START_TIMEOUT_S) -> dg.SensorDefinition:
     """The one commit sensor of a code location; `assets` are its window assets (their quarantine checks)."""
     assets = sorted(assets)
 
@@ -100,7 +103,7 @@ def build_commit_sensor(assets: list[str]) -> dg.SensorDefinition:
         requests: list[dg.RunRequest] = []
         skips: list[str] = []
         for seq in store.unfinished():
-            planned = plan_sequence(store, context.instance, seq)
+            planned = plan_sequence(store, context.instance, seq, start_timeout_s)
             if isinstance(planned, dg.RunRequest):
                 requests.append(planned)
             else:

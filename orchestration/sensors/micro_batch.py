@@ -25,6 +25,7 @@ from onceflow.jobs.declare.declaration import Pipeline
 from onceflow.jobs.ingest.micro_batch import lake_ahead
 from onceflow.jobs.ingest_job import raw_asset_key, source_tag
 from onceflow.jobs.run_relay import RELAY_LEAD_S, RELAY_TAG, due_for_relay
+from onceflow.jobs.run_worker import START_TIMEOUT_S
 from onceflow.jobs.sources.checkpoint import SourceCheckpoint
 from onceflow.jobs.sources.reader import open_source, source_watermark_ms
 from onceflow.jobs.windows.panes import Window
@@ -56,12 +57,12 @@ def active(instance: dg.DagsterInstance, pipeline: Pipeline, checkpoint: SourceC
 
 def relay_request(
     instance: dg.DagsterInstance, pipeline: Pipeline, runs: list[dg.DagsterRun], checkpoint: SourceCheckpoint,
-    warm_s: float,
+    warm_s: float, start_timeout_s: float = START_TIMEOUT_S,
 ) -> dg.RunRequest | None:
     """The next worker run, requested before the current one's planned end while the source is active."""
     if any(retry_pending(instance, run) for run in runs):
         return None
-    current = due_for_relay(runs, int(time.time() * 1000))
+    current = due_for_relay(instance, runs, int(time.time() * 1000), start_timeout_s)
     if current is None or not active(instance, pipeline, checkpoint, max(warm_s, RELAY_LEAD_S)):
         return None
     return dg.RunRequest(run_key=f"{pipeline.name}:relay:{current.run_id}", tags={
@@ -69,10 +70,12 @@ def relay_request(
 
 
 def build_micro_batch_sensor(
-    pipeline: Pipeline, idle_tick_s: float, run_s: float = 0.0, keep_warm_s: float = 0.0
+    pipeline: Pipeline, idle_tick_s: float, run_s: float = 0.0, keep_warm_s: float = 0.0,
+    start_timeout_s: float = START_TIMEOUT_S,
 ) -> dg.SensorDefinition:
     """The sensor; with worker runs (`run_s` > 0), it relays them while the source committed a batch within
-    `keep_warm_s` (default: `run_s`) or a window waits for its watermark."""
+    `keep_warm_s` (default: `run_s`) or a window waits for its watermark. A run that never began its work within
+    `start_timeout_s` is reported failed and no longer counts as in flight."""
     job_name = f"ingest_{pipeline.name}"
 
     @dg.sensor(
@@ -87,10 +90,11 @@ def build_micro_batch_sensor(
     ) -> dg.SensorResult | dg.SkipReason:
         tags = source_tag(pipeline)
         runs = runs_tagged(context.instance, tags, limit=5)
-        busy = in_flight(context.instance, runs)
+        busy = in_flight(context.instance, runs, start_timeout_s)
         source = open_source(pipeline, lake, pubsub.client)
         if busy:
-            relay = relay_request(context.instance, pipeline, runs, source.checkpoints.load(), keep_warm_s or run_s) if run_s else None
+            relay = relay_request(context.instance, pipeline, runs, source.checkpoints.load(), keep_warm_s or run_s,
+                                  start_timeout_s) if run_s else None
             return dg.SensorResult(run_requests=[relay]) if relay else dg.SkipReason(f"a batch is in flight: {busy}")
         checkpoint = source.checkpoints.load()
         cursor = json.loads(context.cursor) if context.cursor else {"batch": 0, "at_ms": 0}

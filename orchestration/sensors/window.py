@@ -32,6 +32,7 @@ import dagster as dg
 from onceflow.jobs.declare.declaration import Pipeline, WindowedOutput
 from onceflow.jobs.publish.commit_store import CommitStore
 from onceflow.jobs.publish.sequence import sequence_id
+from onceflow.jobs.run_worker import START_TIMEOUT_S
 from onceflow.jobs.sources.reader import open_source, source_watermark_ms
 from onceflow.jobs.windows.panes import CloseStore, Window, first_window_start_ms
 from onceflow.orchestration.sensors.runs import in_flight, runs_tagged
@@ -49,7 +50,7 @@ def final_pane_committed(closes: CloseStore, commits: CommitStore, asset: str, w
 
 def retry_requests(
     context: dg.SensorEvaluationContext, output: WindowedOutput, closes: CloseStore, commits: CommitStore,
-    pending: dict[str, dict], watermark_ms: int,
+    pending: dict[str, dict], watermark_ms: int, start_timeout_s: float = START_TIMEOUT_S,
 ) -> tuple[list[dg.RunRequest], dict[str, dict], list[str]]:
     """New requests for pending windows whose runs ended without doing their part; the pending windows left; and
     what to tell the operator. A pending entry is `{"attempts": n, "final": bool, "what": <run key part>}`, and
@@ -62,7 +63,7 @@ def retry_requests(
         if committed and not entry.get("again"):
             continue
         runs = runs_tagged(context.instance, {"dagster/partition": key, "onceflow/window_asset": output.asset})
-        if in_flight(context.instance, runs):
+        if in_flight(context.instance, runs, start_timeout_s):
             left[key] = entry
             continue
         succeeded = bool(runs) and runs[0].status == dg.DagsterRunStatus.SUCCESS
@@ -101,7 +102,9 @@ def _request(output: WindowedOutput, window: Window, what: str) -> dg.RunRequest
     )
 
 
-def build_window_sensor(pipeline: Pipeline, output: WindowedOutput) -> dg.SensorDefinition:
+def build_window_sensor(
+    pipeline: Pipeline, output: WindowedOutput, start_timeout_s: float = START_TIMEOUT_S
+) -> dg.SensorDefinition:
     asset = dg.AssetKey(output.asset)
     size = output.window_s
 
@@ -125,7 +128,7 @@ def build_window_sensor(pipeline: Pipeline, output: WindowedOutput) -> dg.Sensor
         next_start = max(cursor.get("next_window_ms", min_start), first_ms)
         closes, commits = CloseStore(lake.panes(), output.asset), CommitStore(lake.commits())
         requests, pending, notes = retry_requests(
-            context, output, closes, commits, cursor.get("pending", {}), watermark
+            context, output, closes, commits, cursor.get("pending", {}), watermark, start_timeout_s
         )
         first_seen = cursor.get("first_window_ms", min_start)
         if min_start < first_seen and next_start <= first_seen:  # none asked for yet: the scan starts earlier
