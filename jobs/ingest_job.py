@@ -28,6 +28,7 @@ from onceflow.jobs.ingest.result import IngestResult
 from onceflow.jobs.run_relay import Turn, keep_going, plan_end, release, take_turn
 from onceflow.jobs.run_worker import START_TIMEOUT_S, record_worker
 from onceflow.jobs.sources.reader import SourceRuntime, open_source
+from onceflow.resources.faults import fault_point
 from onceflow.resources.lake import LakeResource
 from onceflow.resources.pubsub import PubSubResource
 from onceflow.resources.spark import SparkResource
@@ -87,6 +88,7 @@ def build_ingest_job(
     def micro_batch(
         context: dg.OpExecutionContext, spark: SparkResource, lake: LakeResource, pubsub: PubSubResource
     ) -> None:
+        fault_point("run.before_work")
         record_worker(context)
         source, tags = open_source(pipeline, lake, pubsub.client), source_tag(pipeline)
         # A classic session lives as long as the run's process: built once (building it again took 12 ms a batch).

@@ -19,17 +19,21 @@ from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_vali
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 PREFIX = "ONCEFLOW_"
-# The named points `ONCEFLOW_CRASH_AT` may name (`onceflow.resources.faults` crashes there).
-CRASH_POINTS = frozenset(
+# The named points `ONCEFLOW_CRASH_AT` and `ONCEFLOW_PAUSE_AT` may name (`onceflow.resources.faults`).
+FAULT_POINTS = frozenset(
     {
+        "run.before_work",
         "watermark.after_drain",
         "watermark.before_ack",
         "land.before_persist",
         "land.after_persist",
+        "ingest.after_plan",
         "ingest.after_dead_letters",
+        "ingest.before_raw_commit",
         "ingest.after_merge",
         "ingest.append_staged",
         "window.after_close",
+        "window.before_merge",
         "window.after_merge",
         "commit.after_write_sequence",
         "commit.after_step",
@@ -132,16 +136,18 @@ class Settings(BaseSettings):
         "it failed (a run killed in its first second).",
     )
 
-    crash_at: str | None = Field(default=None, description="Fault injection: `<point>[#k]`.")
+    crash_at: str | None = Field(default=None, description="Fault injection: exit at `<point>[#k]`.")
+    pause_at: str | None = Field(default=None, description="Fault injection: wait at `<point>[#k]` until released.")
     dagster_home: str | None = Field(default=None, validation_alias=AliasChoices("DAGSTER_HOME"))
 
-    @field_validator("crash_at")
+    @field_validator("crash_at", "pause_at")
     @classmethod
     def _known_point(cls, value: str | None) -> str | None:
         if value:
             point, _, nth = value.partition("#")
-            if point not in CRASH_POINTS or (nth and not nth.isdigit()):
-                raise ValueError(f"unknown crash point {value!r} (points: {', '.join(sorted(CRASH_POINTS))}; `#k` optional)")
+            if point not in FAULT_POINTS or (nth and not nth.isdigit()):
+                raise ValueError(f"unknown fault point {value!r} (points: {', '.join(sorted(FAULT_POINTS))}; `#k` "
+                                 "optional)")
         return value or None
 
     @field_validator("spark_master")

@@ -22,6 +22,10 @@ from onceflow.resources.lake import LakeResource
 from onceflow.resources.pubsub import PubSubClient
 from onceflow.resources.settings import load_settings
 
+# Fault injection is a process's own; pyspark marks a process that opened a Spark Connect session: this process's
+# state, not a setting.
+INHERITED = ("ONCEFLOW_CRASH_AT", "ONCEFLOW_PAUSE_AT", "SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE",
+             "SPARK_LOCAL_REMOTE")
 TOPIC, SUBSCRIPTION, TRACKING = "onceflow-events", "onceflow-events-sub", "onceflow-events-tracking"
 
 
@@ -82,33 +86,42 @@ def drain(get_spark, source: SourceRuntime, redelivery_wait_s: float = 0.0) -> l
         waited = True
 
 
+def dagster_env(home: str, crash_at: str | None, dagster_home: str, **settings: str) -> dict[str, str]:
+    """The environment of a `dagster` command an operator runs: this process's, with `ONCEFLOW_HOME`, `settings` as
+    `ONCEFLOW_<NAME>` variables (`pubsub_project="p"` sets `ONCEFLOW_PUBSUB_PROJECT`), and the instance in
+    `dagster_home`."""
+    env = {k: v for k, v in os.environ.items() if k not in INHERITED}
+    env = {**env, "ONCEFLOW_HOME": home, **{f"ONCEFLOW_{k.upper()}": v for k, v in settings.items()}}
+    if crash_at:
+        env["ONCEFLOW_CRASH_AT"] = crash_at
+    return {**env, "DAGSTER_HOME": dagster_home}
+
+
 def dagster_cli(
     args: list[str], home: str, crash_at: str | None, dagster_home: str | None = None, timeout_s: float = 300,
     **settings: str,
 ) -> subprocess.CompletedProcess[str]:
     """Run a `dagster` command in its own process, as an operator would, against the instance in `dagster_home`
-    (a fresh one when None), for at most `timeout_s`.
-
-    `settings` become `ONCEFLOW_<NAME>` variables (`pubsub_project="p"` sets `ONCEFLOW_PUBSUB_PROJECT`).
-    """
-    env = {**os.environ, "ONCEFLOW_HOME": home, **{f"ONCEFLOW_{k.upper()}": v for k, v in settings.items()}}
-    # pyspark marks a process that opened a Spark Connect session; that is this process's state, not a setting.
-    for inherited in ("ONCEFLOW_CRASH_AT", "SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE"):
-        env.pop(inherited, None)
-    if crash_at:
-        env["ONCEFLOW_CRASH_AT"] = crash_at
+    (a fresh one when None), for at most `timeout_s` (`dagster_env`)."""
     with tempfile.TemporaryDirectory() as fresh:
-        env["DAGSTER_HOME"] = dagster_home or fresh
+        env = dagster_env(home, crash_at, dagster_home or fresh, **settings)
         return subprocess.run(
             [sys.executable, "-m", "dagster", *args], env=env, capture_output=True, text=True, timeout=timeout_s
         )
 
 
+def micro_batch_started(
+    home: str, dagster_home: str, crash_at: str | None = None, pipeline: str = "events", **settings: str
+) -> subprocess.Popen[str]:
+    """`dagster job execute -j ingest_<pipeline>` started in the background (its output kept in pipes)."""
+    args = ["job", "execute", "-m", "onceflow.orchestration.definitions", "-j", f"ingest_{pipeline}"]
+    return subprocess.Popen([sys.executable, "-m", "dagster", *args], env=dagster_env(
+        home, crash_at, dagster_home, **settings), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
 def onceflow_cli(args: list[str], timeout_s: float = 300, **env: str) -> subprocess.CompletedProcess[str]:
     """Run `onceflow <args>` in its own process, as an operator would, with this process's settings and `env`."""
-    environment = {**os.environ, **env}
-    for inherited in ("ONCEFLOW_CRASH_AT", "SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE"):
-        environment.pop(inherited, None)
+    environment = {**{k: v for k, v in os.environ.items() if k not in INHERITED}, **env}
     return subprocess.run([sys.executable, "-m", "onceflow", *args], env=environment, capture_output=True, text=True,
                           timeout=timeout_s)
 

@@ -28,7 +28,7 @@ from pyspark.sql import types as T
 from onceflow.jobs.delta.schema_evolution import conform
 from onceflow.jobs.delta.table_features import complete_protocol
 from onceflow.resources.delta_storage import delta_table, storage_options, table_files
-from onceflow.resources.faults import crash_point
+from onceflow.resources.faults import fault_point
 
 PREFIX = "onceflow-"
 REUSE_FOR_S = 600  # a staging table idle this long is not written again; maintenance waits far longer
@@ -76,7 +76,7 @@ def write_staged(df: DataFrame, table: DeltaTable, definition: tuple) -> list[Ad
         try:
             schema = T.StructType.fromJson(json.loads(table.schema().to_json()))
             conform(df, schema, path).write.format("delta").mode("append").save(f"{path}/{staging.directory}")
-            crash_point("ingest.append_staged")
+            fault_point("ingest.append_staged")
             adds = _added(f"{path}/{staging.directory}", staging.version + 1)
             staging.version += adds is not None
             staging.writes += 1

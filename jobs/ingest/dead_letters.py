@@ -35,7 +35,7 @@ from onceflow.jobs.ingest.validation import explain_flagged
 from onceflow.jobs.sources.checkpoint import BatchPlan
 from onceflow.jobs.sources.reader import SourceRuntime
 from onceflow.resources.delta_storage import delta_table, writable_table
-from onceflow.resources.faults import crash_point
+from onceflow.resources.faults import fault_point
 
 COLUMNS = ("CASE WHEN reason IS NOT NULL THEN source_position END AS source_position", "raw", "detail",
            "CASE WHEN reason IS NOT NULL THEN event_time END AS event_time")
@@ -61,7 +61,8 @@ def commit_beside(
     def committed() -> None:
         if pending is not None:
             pending.result()
-        crash_point("ingest.after_dead_letters")
+        fault_point("ingest.after_dead_letters")
+        fault_point("ingest.before_raw_commit")
 
     return pending, functools.cache(committed)
 

@@ -28,7 +28,7 @@ from onceflow.jobs.ingest.result import IngestResult
 from onceflow.jobs.sources.checkpoint import BatchPlan, SourceCheckpoint
 from onceflow.jobs.sources.reader import SourceReader, SourceRuntime, source_watermark_ms
 from onceflow.jobs.sources.watermark import WatermarkEstimator
-from onceflow.resources.faults import crash_point
+from onceflow.resources.faults import fault_point
 from onceflow.resources.spark_functions import register_spark_functions
 
 log = logging.getLogger("onceflow")
@@ -57,6 +57,7 @@ def run_micro_batch(get_spark: Callable[[], SparkSession], source: SourceRuntime
             learnt.result()
             source.checkpoints.update(lambda c: _with_watermark(reader, c))
             return None
+        fault_point("ingest.after_plan")
         spark = get_spark()
         register_spark_functions(spark)
         waiting = time.perf_counter()
@@ -70,7 +71,9 @@ def run_micro_batch(get_spark: Callable[[], SparkSession], source: SourceRuntime
             log.warning(f"{source.app_id} batch {plan.batch_id}: a concurrent attempt committed it first; this "
                         "run wrote nothing and counts that commit's figures")
         _warn_if_wide(source, plan.batch_id, result)
-        crash_point("ingest.after_merge")
+        fault_point("ingest.after_merge")
+        if result.replayed:  # another attempt committed it, perhaps under another plan: that one stands
+            plan = committed_plan(source, plan)
         learnt.result()
         with result.times.stage("checkpoint"):
             source.checkpoints.update(lambda c: advanced(source, c, plan, result))
@@ -156,7 +159,10 @@ def align_with_lake(source: SourceRuntime) -> tuple[SourceCheckpoint, int | None
     pending_batch(source, lake)
     checkpoint = source.checkpoints.load()
     next_batch = checkpoint.next_batch
-    if lake < next_batch or (lake == next_batch and source.checkpoints.get_plan(next_batch) is not None):
+    if lake == next_batch and (stored := source.checkpoints.get_plan(next_batch)) is not None:
+        committed_plan(source, stored)
+        return checkpoint, None
+    if lake < next_batch:
         return checkpoint, None
     log.warning(
         f"{source.app_id}: the checkpoint's last committed batch is {checkpoint.committed_batch} but the lake has "
@@ -174,6 +180,22 @@ def align_with_lake(source: SourceRuntime) -> tuple[SourceCheckpoint, int | None
         return c
 
     return source.checkpoints.update(realign), checkpoint.committed_batch
+
+
+def committed_plan(source: SourceRuntime, plan: BatchPlan) -> BatchPlan:
+    """The plan the lake committed batch `plan.batch_id` with: `plan` itself, or the one its raw commit carries,
+    which then replaces `plan` in the checkpoints, loudly. Two plans of one batch exist only when the checkpoints
+    lost the first (restored from an older copy) while an attempt at it was still running: the batch is what its
+    commit holds, and the files or offsets only the other plan listed are planned again."""
+    committed = source.plans.plan_in(committed_metadata(source.raw_path, source.app_id, [plan.batch_id])
+                                     .get(plan.batch_id, {}))
+    if committed is None or committed == plan:
+        return plan
+    log.warning(f"{source.app_id} batch {plan.batch_id}: the lake committed it under another plan than the one "
+                "the checkpoints held (restored from an older copy while an attempt was running); the checkpoints "
+                "now hold the committed one, and what only the other listed is planned again")
+    source.checkpoints.replace_plan(committed)
+    return committed
 
 
 def learn_committed(

@@ -33,7 +33,7 @@ from onceflow.jobs.publish.commit_store import CommitStore
 from onceflow.jobs.publish.sequence import CommitSequence, FileFinalize, HighWatermark, sequence_id
 from onceflow.jobs.publish.sink_types import SinkType, json_text, json_value, parse_sink_type, timestamp_text
 from onceflow.jobs.publish.step import CommitStep, sha256_hex
-from onceflow.resources.faults import crash_point
+from onceflow.resources.faults import fault_point
 from onceflow.resources.object_store import open_store
 
 if TYPE_CHECKING:
@@ -91,7 +91,7 @@ def publish_pane(
     `sink_root` nor `bigquery`, the sequence only records the high watermark.
 
     If the pane's sequence exists already, it stands and nothing is written. Otherwise, once the sequence is
-    written, `crash_point("commit.after_write_sequence")` is passed and the caller (or the commit sensor, if the
+    written, `fault_point("commit.after_write_sequence")` is passed and the caller (or the commit sensor, if the
     caller dies) runs it with `run_sequence`.
     """
     if pane < 1:
@@ -136,7 +136,7 @@ def publish_pane(
         for step in finalizes:  # a concurrent publisher's sequence stands, with its own temp files
             open_store(step.root).delete(step.temp_key)
         return PublishedPane(sequence, False)
-    crash_point("commit.after_write_sequence")
+    fault_point("commit.after_write_sequence")
     return PublishedPane(sequence, True)
 
 

@@ -48,7 +48,7 @@ from onceflow.jobs.publish.commit_records import (
 )
 from onceflow.jobs.publish.commit_store import CommitStore
 from onceflow.jobs.publish.step import CommitContext, CommitStep, sha256_hex
-from onceflow.resources.faults import crash_point
+from onceflow.resources.faults import fault_point
 from onceflow.resources.object_store import LocalStore, fsync_dir
 
 
@@ -241,7 +241,7 @@ def run_sequence(ctx: CommitContext, sequence_id: str, run_id: str, root_run_id:
                 verified.append(index)
             else:
                 step.execute(ctx)
-                crash_point("commit.after_step")
+                fault_point("commit.after_step")
                 if not step.verify(ctx):
                     raise RuntimeError("executed, but its effect does not verify")
                 executed.append(index)

@@ -165,6 +165,11 @@ class CheckpointStore:
         assert existing is not None
         return existing
 
+    def replace_plan(self, plan: BatchPlan) -> None:
+        """Record `plan` over the stored plan of its batch: only ever the plan the lake committed the batch with
+        (a plan is otherwise written once; see `onceflow.jobs.ingest.micro_batch.committed_plan`)."""
+        self.store.write(self._key(f"batches/{plan.batch_id:012d}.json"), plan.to_json())
+
     def get_plan(self, batch_id: int) -> BatchPlan | None:
         """The plan of `batch_id`, None if there is none; `EpochSealed` where a reset ended the epoch."""
         key = self._key(f"batches/{batch_id:012d}.json")

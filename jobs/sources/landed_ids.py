@@ -57,11 +57,11 @@ LANDED = pa.schema([("batch_id", pa.int64()), ("record_id", pa.large_string()), 
 """The landed records as columns, in landing order (`identify_all`)."""
 
 
-def identify_all(batches: Iterator[tuple[int, list[LandedRow]]], contract: RecordContract) -> pa.Table:
-    """Every landed record of `batches` (`LANDED`). A batch's rows and Python objects live only while it is
-    identified: what is kept is its columns."""
+def identify_all(batches: Iterator[tuple[int, list[LandedRow], RecordContract]]) -> pa.Table:
+    """Every landed record of `batches` (each with the contract it was classified under) (`LANDED`). A batch's rows
+    and Python objects live only while it is identified: what is kept is its columns."""
     parts = []
-    for batch_id, rows in batches:
+    for batch_id, rows, contract in batches:
         records = [identify(batch_id, row, contract) for row in rows]
         parts.append(pa.record_batch([
             pa.array([batch_id] * len(records), pa.int64()),

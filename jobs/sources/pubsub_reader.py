@@ -29,7 +29,7 @@ from onceflow.jobs.sources.landed_ids import LandedRow
 from onceflow.jobs.sources.landing import LANDING_SCHEMA, BatchOutcome
 from onceflow.jobs.sources.tracking import TrackingDrainer
 from onceflow.jobs.sources.watermark import PubSubWatermark, WatermarkEstimator
-from onceflow.resources.faults import crash_point
+from onceflow.resources.faults import fault_point
 from onceflow.resources.object_store import ObjectStore
 from onceflow.resources.pubsub import PubSubClient, PulledMessage
 from onceflow.resources.pubsub_pull import PullBounds
@@ -91,7 +91,7 @@ class PubSubReader:
         with self.client.pull_batch(source.subscription, bounds, source.ack_deadline_s or 60) as batch:
             if not batch.messages:
                 return None
-            crash_point("land.before_persist")
+            fault_point("land.before_persist")
             plan = plan or self.checkpoints.plan(
                 BatchPlan(
                     batch_id=batch_id,
@@ -106,7 +106,7 @@ class PubSubReader:
                 # Another attempt landed this batch first; ours go back to the subscription for redelivery.
                 self.client.modify_ack_deadline(source.subscription, batch.ack_ids, 0, streams=bounds.streams)
                 return plan
-            crash_point("land.after_persist")
+            fault_point("land.after_persist")
             self.client.ack(source.subscription, batch.ack_ids, streams=bounds.streams)
         return plan
 
@@ -165,10 +165,10 @@ class PubSubReader:
         if self.watermark({}).probe.sees_drains:
             self._save_watermark(lambda watermark: watermark.drain_begun(now_ms))
         drained = drainer.drain(now_ms)
-        crash_point("watermark.after_drain")
+        fault_point("watermark.after_drain")
         # Saved first: only then may the tracking subscription forget them.
         self._save_watermark(lambda watermark: watermark.observe(drained.samples, drained.tracked_through_ms))
-        crash_point("watermark.before_ack")
+        fault_point("watermark.before_ack")
         drainer.ack(drained)
         self._acked_drains.append(drained.started_ms)
 

@@ -50,22 +50,23 @@ class LandedAccount:
 def landed_records(*epochs: SourceRuntime) -> LandedAccount:
     """The landed account of the source over each of `epochs` (its runtimes, oldest first; their batch numbers
     follow each other). Never raises for a batch whose input is gone: see the module docstring."""
-    contract = RecordContract.of(epochs[-1].pipeline)
+    current = RecordContract.of(epochs[-1].pipeline)
     gone: dict[int, tuple[SourceRuntime, str]] = {}
 
-    def readable() -> Iterator[tuple[int, list]]:
+    def readable() -> Iterator[tuple[int, list, RecordContract]]:
         for source in epochs:
             for batch in range(source.checkpoints.first_batch, source.checkpoints.load().committed_batch + 1):
                 plan = source.plans.plan_of(batch)
                 if plan is None:
                     gone[batch] = (source, "no plan in the checkpoints or the tables' commits")
                     continue
+                contract = current if plan.contract is None else RecordContract.from_dict(plan.contract)
                 try:
-                    yield batch, source.reader.landed_rows(plan)
+                    yield batch, source.reader.landed_rows(plan), contract
                 except (InputGone, FileChangedError, FileNotFoundError) as error:
                     gone[batch] = (source, f"input gone: {type(error).__name__}")
 
-    read = identify_all(readable(), contract)
+    read = identify_all(readable())
     held = _held(epochs[-1])
     counts = _per_batch(read["batch_id"])
     for batch, rows in _per_batch(held["batch_id"]).items():

@@ -37,7 +37,7 @@ from onceflow.jobs.windows.panes import (
 )
 from onceflow.jobs.windows.pinned_input import PinnedInputExpired, check_pinned_input
 from onceflow.jobs.windows.raw_counts import range_filter, rows_before, rows_per_window
-from onceflow.resources.faults import crash_point
+from onceflow.resources.faults import fault_point
 
 WINDOWS_PER_PLAN = 32
 """Windows computed in one Spark plan: each is its own transform over a shared cached read."""
@@ -123,10 +123,10 @@ def materialize_windows(
         close = existing[window]
         if close is None and watermark_ms is not None and watermark_ms >= window.end_ms + lateness_ms:
             close = closes.close(window, _new_close(spark, raw_path, window, 1, ON_TIME, latest, watermark_ms))
-            crash_point("window.after_close")
+            fault_point("window.after_close")
         elif close is not None and refire.get(window, 0) > 0:
             close = closes.close(window, _new_close(spark, raw_path, window, close.pane + 1, LATE, latest, watermark_ms))
-            crash_point("window.after_close")
+            fault_point("window.after_close")
         panes[window] = close
 
     now_ms = int(time.time() * 1000)
@@ -140,11 +140,12 @@ def materialize_windows(
                 del panes[window]
     if not panes:
         raise WindowsExpired([], expired)
+    fault_point("window.before_merge")
     counts: dict[Window, tuple[int, int, int]] = {}
     items = list(panes.items())
     for start in range(0, len(items), WINDOWS_PER_PLAN):
         counts |= _merge_panes(spark, pipeline, output, raw_path, windows_path, latest, dict(items[start:start + WINDOWS_PER_PLAN]))
-    crash_point("window.after_merge")
+    fault_point("window.after_merge")
     late = rows_per_window(spark, raw_path, latest, {w: c.max_batch_id for w, c in panes.items() if c})
     results = []
     for window, close in panes.items():
