@@ -1,5 +1,6 @@
-"""A user's Kafka pipeline, loaded with `ONCEFLOW_PIPELINES=tests.kafka_pipelines`: the broker, topic, batch size and
-what lost records become come from `KAFKA_BOOTSTRAP`, `KAFKA_TOPIC`, `KAFKA_MAX_RECORDS` and `KAFKA_ON_LOST`."""
+"""A user's Kafka pipeline, loaded with `ONCEFLOW_PIPELINES=tests.kafka_pipelines`: the broker, topic, batch size,
+what lost records become, the ID header (empty: IDs are positions) and where a new pipeline starts come from
+`KAFKA_BOOTSTRAP`, `KAFKA_TOPIC`, `KAFKA_MAX_RECORDS`, `KAFKA_ON_LOST`, `KAFKA_ID_HEADER` and `KAFKA_STARTING`."""
 
 import os
 
@@ -19,10 +20,11 @@ def clicks_pipeline(delivery: str = "exactly_once") -> Pipeline:
         source=KafkaSource(
             bootstrap_servers=os.environ.get("KAFKA_BOOTSTRAP", "127.0.0.1:9092"),
             topic=os.environ.get("KAFKA_TOPIC", "clicks"),
-            id_header="event_id",
+            id_header=os.environ.get("KAFKA_ID_HEADER", "event_id") or None,
             timestamp_field="ts",
             max_records=int(os.environ.get("KAFKA_MAX_RECORDS", "1000")),
             on_lost_records=os.environ.get("KAFKA_ON_LOST", "fail"),
+            starting_offsets=os.environ.get("KAFKA_STARTING", "earliest"),
         ),
         schema="user STRING NOT NULL, amount DECIMAL(10,2), page STRING",
         delivery=delivery,

@@ -163,7 +163,8 @@ def _explanation(contract: RecordContract, connect: bool) -> tuple[Column, ...]:
     found = F.expr(f"coalesce({not_an_object()}, {failure(contract.schema)})")
     return (
         found.getField("reason").alias("reason"), found.getField("detail").alias("detail"),
-        F.col("record_id") if id_text is None else F.coalesce(id_text, F.col("record_id")).alias("record_id"),
+        F.col("record_id") if id_text is None else F.coalesce(F.nullif(id_text, F.lit("")), F.col("record_id"))
+        .alias("record_id"),
         F.col("event_time") if time_text is None else F.when(time_text.isNull(), F.col("event_time")).otherwise(
             parse_time(time_text)).alias("event_time"),
         F.col("_i"),
@@ -193,6 +194,7 @@ def _stages(contract: RecordContract, connect: bool, compiled: bool) -> tuple[di
         # A landing row without bytes stands for records the source lost before they were read (see landing.py).
         (F.col("_bytes").isNull(), "lost_in_source",
          F.format_string("records %s were deleted from the source before onceflow read them", "source_position")),
+        _invalid_id(contract),
         (F.col("payload").isNull(), "not_json", F.lit("payload is not valid UTF-8")),
         (F.col("_flag"), FLAGGED, F.lit(None)),  # `explain_flagged` says what failed
         (event_time.isNull() & F.col("_time_raw").isNull(), "missing_event_time", F.lit("no event time")),
@@ -216,10 +218,27 @@ def _stages(contract: RecordContract, connect: bool, compiled: bool) -> tuple[di
          # A dead letter's record as text (see `classify`): the only use of the bytes past here.
          "_undecoded": F.expr("CASE WHEN payload IS NULL THEN base64(data) END")},
         {"_flag": F.expr(_flagged(contract)), **parsed},
-        {"record_id": F.coalesce(id_read, F.col("source_position")), "_time_raw": time_read},
+        # An empty ID is none (`_invalid_id`): the record keeps its position, never one ID shared by all such.
+        {"record_id": F.coalesce(F.nullif(id_read, F.lit("")), F.col("source_position")), "_time_raw": time_read},
         {"event_time": F.when(F.col("_time_raw").isNull(), fallback).otherwise(parse_time(F.col("_time_raw")))},
         {"_verdict": verdict},
     )
+
+
+def _invalid_id(contract: RecordContract) -> tuple[Column, str, Column]:
+    """The check that a declared ID attribute (a Kafka header), where a record has it, holds an ID: present with no
+    value (a null header), not UTF-8 (read as NULL, `onceflow.jobs.sources.kafka_reader`) or empty is `invalid_id`;
+    so is an empty ID field. A record without the attribute or field at all is identified by its position."""
+    if contract.id_attribute is not None:
+        name = contract.id_attribute
+        value = F.element_at(F.col("attributes"), F.lit(name))
+        present = F.coalesce(F.expr(f"map_contains_key(attributes, '{name}')"), F.lit(False))
+        return present & (value.isNull() | (value == "")), "invalid_id", F.lit(
+            f"the ID attribute {name!r} has no value, an empty one, or one that is not UTF-8")
+    if contract.id_field is not None:
+        id_read, _ = _located(contract, None, contract.id_field)
+        return F.coalesce(id_read == "", F.lit(False)), "invalid_id", F.lit(f"the ID field {contract.id_field!r} is empty")
+    return F.lit(False), "invalid_id", F.lit(None).cast("string")
 
 
 def _time_range(contract: RecordContract) -> tuple[Column, Column, Column]:

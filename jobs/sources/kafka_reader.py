@@ -120,10 +120,11 @@ class KafkaReader:
             f"WHEN {p} THEN {index * STREAM_STRIDE - start}L + offset" for index, (p, start, _) in enumerate(read)
         ) + " END" if read else "offset"
         position = f"concat('{topic}/', partition, ':', offset, '{suffix}')"
-        # A header named twice: its first value is the attribute (a Spark map cannot hold one key twice).
+        # A header named twice: its first value is the attribute (a Spark map cannot hold one key twice); a value
+        # that is not UTF-8 is NULL (an `invalid_id` when it is the ID), never its bytes cast blindly.
         attributes = ("map_from_entries(transform(filter(transform(kafka_headers, (h, i) -> named_struct('h', h, "
                       "'i', i)), e -> NOT exists(slice(kafka_headers, 1, e.i), x -> x.key = e.h.key)), "
-                      "e -> struct(e.h.key, CAST(e.h.value AS STRING))))"
+                      "e -> struct(e.h.key, try_validate_utf8(CAST(e.h.value AS STRING)))))"
                       if self.source.id_header is not None else "CAST(NULL AS MAP<STRING, STRING>)")
         columns = [f"{ordinal} AS ordinal", f"{position} AS source_position", "timestamp AS publish_time",
                    f"{attributes} AS attributes", "coalesce(value, X'') AS data", "key AS kafka_key",
@@ -287,11 +288,19 @@ class KafkaReader:
 
 
 def _landed_row(topic: str, record: KafkaRecord, suffix: str) -> LandedRow:
-    attributes: dict[str, str] = {}
+    attributes: dict[str, str | None] = {}
     for key, value in record.headers:
-        attributes.setdefault(key, "" if value is None else value.decode("utf-8", "replace"))
+        attributes.setdefault(key, _text(value))
     return LandedRow(f"{topic}/{record.partition}:{record.offset}{suffix}", attributes, record.value or b"",
                      record.timestamp_ms)
+
+
+def _text(value: bytes | None) -> str | None:
+    """A header's value as text; None for a null one or bytes that are not UTF-8."""
+    try:
+        return None if value is None else value.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
 
 
 def _lost_message(topic: str, lost: tuple[tuple[int, int, int], ...]) -> str:

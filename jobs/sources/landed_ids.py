@@ -28,7 +28,7 @@ class LandedRow:
     """One landed record as its bytes and message metadata."""
 
     position: str
-    attributes: dict[str, str] | None
+    attributes: dict[str, str | None] | None
     data: bytes
     publish_time_ms: int | None
 
@@ -44,7 +44,7 @@ def identify(batch_id: int, row: LandedRow, contract: RecordContract) -> LandedR
     """The record's ID and event time (None when it has none usable)."""
     # An oversized record is not parsed (as validation does not): its ID falls back to its position.
     body = _object(row.data) if len(row.data) <= contract.max_record_bytes else None
-    record_id = _located(row, body, contract.id_attribute, contract.id_field) or row.position
+    record_id = _located(row, body, contract.id_attribute, contract.id_field) or row.position  # empty: none
     raw_time = _located(row, body, contract.time_attribute, contract.time_field)
     if raw_time is None:
         event_ms = row.publish_time_ms if contract.time_from_publish else None
