@@ -152,7 +152,8 @@ def test_window_sensor_requests_closed_windows_in_order_then_refires_late_ones(
     checkpoint.recent_batches.append((4, BASE + 30_000))
     checkpoints.update(lambda _: checkpoint)
     refired = evaluate(sensor, instance, lake, result.cursor)
-    assert [r.run_key for r in refired.run_requests] == [f"event_counts:{windows[0].key}:pane-2"]
+    # Its own run key: the window has had a run (its final pane) before.
+    assert [r.run_key for r in refired.run_requests] == [f"event_counts:{windows[0].key}:pane-2:2"]
     launch(instance, refired.run_requests)
     assert evaluate(sensor, instance, lake, refired.cursor).run_requests == []
 

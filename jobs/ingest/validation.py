@@ -163,7 +163,8 @@ def _explanation(contract: RecordContract, connect: bool) -> tuple[Column, ...]:
     found = F.expr(f"coalesce({not_an_object()}, {failure(contract.schema)})")
     return (
         found.getField("reason").alias("reason"), found.getField("detail").alias("detail"),
-        F.col("record_id") if id_text is None else F.coalesce(F.nullif(id_text, F.lit("")), F.col("record_id"))
+        # An empty ID is none (`_invalid_id`). Not `nullif`: the driver-side projection loops on it.
+        F.col("record_id") if id_text is None else F.coalesce(F.when(id_text != "", id_text), F.col("record_id"))
         .alias("record_id"),
         F.col("event_time") if time_text is None else F.when(time_text.isNull(), F.col("event_time")).otherwise(
             parse_time(time_text)).alias("event_time"),
@@ -219,7 +220,7 @@ def _stages(contract: RecordContract, connect: bool, compiled: bool) -> tuple[di
          "_undecoded": F.expr("CASE WHEN payload IS NULL THEN base64(data) END")},
         {"_flag": F.expr(_flagged(contract)), **parsed},
         # An empty ID is none (`_invalid_id`): the record keeps its position, never one ID shared by all such.
-        {"record_id": F.coalesce(F.nullif(id_read, F.lit("")), F.col("source_position")), "_time_raw": time_read},
+        {"record_id": F.coalesce(F.when(id_read != "", id_read), F.col("source_position")), "_time_raw": time_read},
         {"event_time": F.when(F.col("_time_raw").isNull(), fallback).otherwise(parse_time(F.col("_time_raw")))},
         {"_verdict": verdict},
     )

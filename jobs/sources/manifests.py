@@ -5,13 +5,21 @@ apart from Spark's reading of it. Sources do not keep their input for ever: a Ka
 removes offsets, a file source's processed files are archived, landing files are cleaned up. A batch's manifest,
 written while the batch commits, keeps what that check needs without the source: one Parquet file per batch,
 `<home>/manifests/<app id>/<batch>.parquet`, with each landed record's ID and event time as ingest classified them.
+
+Beside it, for a pipeline with an output that refires its windows, the minutes of event time the batch's valid
+records fall in (`<batch>.minutes.json`, as runs `[first, last]` of epoch minutes): every window is a whole number of
+minutes aligned to the epoch, so the window sensor tells from it which closed windows a batch brought late rows to,
+for any output, without reading a row.
 """
 
 from __future__ import annotations
 
 import io
+import json
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from onceflow.resources.object_store import ObjectStore
@@ -43,3 +51,18 @@ class ManifestStore:
         kept)."""
         data = self.store.read(self._key(batch_id))
         return None if data is None else pq.read_table(io.BytesIO(data)).cast(MANIFEST_SCHEMA)
+
+    def write_minutes(self, batch_id: int, slim: pa.Table) -> None:
+        """Keep the minutes of event time batch `batch_id`'s valid records (`slim`: `reason` NULL, time `t`) fall in."""
+        times = pc.drop_null(slim["t"].filter(pc.is_null(slim["reason"]))).to_numpy(zero_copy_only=False)
+        minutes = np.unique(np.floor_divide(times, 60_000))
+        breaks = np.flatnonzero(np.diff(minutes) != 1) if len(minutes) else np.array([], np.int64)
+        starts = np.concatenate(([0], breaks + 1)) if len(minutes) else breaks
+        ends = np.concatenate((breaks, [len(minutes) - 1])) if len(minutes) else breaks
+        runs = [[int(minutes[a]), int(minutes[b])] for a, b in zip(starts, ends, strict=True)]
+        self.store.create(f"{self.app_id}/{batch_id:012d}.minutes.json", json.dumps(runs).encode())
+
+    def minutes(self, batch_id: int) -> list[tuple[int, int]] | None:
+        """Batch `batch_id`'s minutes of event time, as runs of epoch minutes; None when it has none kept."""
+        data = self.store.read(f"{self.app_id}/{batch_id:012d}.minutes.json")
+        return None if data is None else [(int(a), int(b)) for a, b in json.loads(data)]

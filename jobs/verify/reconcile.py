@@ -64,6 +64,7 @@ class WindowReconciliation:
     output_matches: bool = True
     published: bool = False
     published_matches: bool = True
+    late_policy: str = "drop"
 
     @property
     def balanced(self) -> bool:
@@ -73,7 +74,9 @@ class WindowReconciliation:
     def ok(self) -> bool:
         if self.window == UNASSIGNED or not self.closed:
             return self.balanced  # an open window's early pane may lag the raw table
-        return self.balanced and self.output_matches and self.published and self.published_matches
+        # Under `refire`, rows after the newest pane's close are a pane still owed (a refire never asked for).
+        refired = self.late_policy != "refire" or self.late == 0
+        return self.balanced and self.output_matches and self.published and self.published_matches and refired
 
 
 @dataclass
@@ -143,6 +146,7 @@ def reconcile(
         results.append(WindowReconciliation(
             w, received[w], inserted[w], duplicates[w], late[w], dead[w], close is not None,
             close.pane if close else None, len(table.get(w, [])), matches.get(w, True), published, files_match,
+            output.late_policy,
         ))
     return results
 

@@ -4,8 +4,8 @@ A window `[start, end)` closes when the source watermark passes `end + allowed_l
 that partition with run key `<asset>:<window>:final`, in window order, from the first window with data up to the
 newest one with data (empty windows in between are materialized as empty panes), never a window before the
 pipeline's `start_date` (no partition exists for it; the first window's metadata counts the records before it). Under the `refire` late policy,
-a batch whose oldest event falls into an already closed window requests that window's next pane
-(`<asset>:<window>:pane-<p>`); the materialization closes it only if late records are really there.
+each closed window a batch brought late rows to gets its next pane requested (`<asset>:<window>:pane-<p>`), resumably
+across ticks (`onceflow.orchestration.sensors.refire`); the materialization closes it only if late rows are there.
 
 A requested window stays on the cursor's `pending` list until the run asked for has done its part: a final pane
 is committed (closed, merged, and its commit sequence written); a refire run ended successfully (it found the late
@@ -22,7 +22,7 @@ the others) move the first window back: if no window was asked for yet the scan 
 were, those older ones are due too and are asked for at once, newest first across ticks when there are many.
 
 The cursor holds the first window looked at, the next window to close, the newest batch looked at for late data
-(the last two only grow) and the pending windows with their attempts.
+(the last two only grow), the windows waiting for a refire request, and the pending windows with their attempts.
 """
 
 import json
@@ -35,6 +35,7 @@ from onceflow.jobs.publish.sequence import sequence_id
 from onceflow.jobs.run_worker import START_TIMEOUT_S
 from onceflow.jobs.sources.reader import open_source, source_watermark_ms
 from onceflow.jobs.windows.panes import CloseStore, Window, first_window_start_ms
+from onceflow.orchestration.sensors.refire import RefireCursor, look_at_batches, minutes_of
 from onceflow.orchestration.sensors.runs import in_flight, runs_tagged
 from onceflow.resources.lake import LakeResource
 
@@ -130,6 +131,10 @@ def build_window_sensor(
         requests, pending, notes = retry_requests(
             context, output, closes, commits, cursor.get("pending", {}), watermark, start_timeout_s
         )
+        refire = RefireCursor.of(cursor)
+        if output.late_policy == "refire":  # batches looked at before this tick's finals: those will read them
+            look_at_batches(refire, checkpoint, output, closes, minutes_of(pipeline, lake), (first_ms, next_start),
+                            pending)
         first_seen = cursor.get("first_window_ms", min_start)
         if min_start < first_seen and next_start <= first_seen:  # none asked for yet: the scan starts earlier
             next_start = first_seen = min_start
@@ -150,27 +155,28 @@ def build_window_sensor(
             requests.append(_request(output, window, "final"))
             pending[window.key] = _final_entry()
             window = window.next()
-        seen_batch = cursor.get("seen_batch", 0)
         if output.late_policy == "refire":
-            late_from = min((t for b, t in checkpoint.recent_batches if b > seen_batch), default=None)
-            late = Window.at(max(late_from, first_ms), size) if late_from is not None else None
-            while late is not None and late.start_ms < next_start and len(requests) < MAX_REQUESTS:
+            waiting = []
+            for start in refire.queue:
+                late = Window(start, start + size * 1000)
                 close = closes.latest(late)
                 if late.key in pending:  # its pending run may miss these rows: it is asked for again after
                     pending[late.key] = {**pending[late.key], "again": True}
-                elif close is not None:
+                elif len(requests) >= MAX_REQUESTS or close is None:
+                    waiting.append(start)  # the next tick asks for it
+                else:  # a run key of its own: an earlier refire of this pane may have found nothing late
                     what = f"pane-{close.pane + 1}"
-                    requests.append(_request(output, late, what))
+                    earlier = len(runs_tagged(context.instance, {"dagster/partition": late.key,
+                                                                 "onceflow/window_asset": output.asset}))
+                    requests.append(_request(output, late, what + (f":{earlier + 1}" if earlier else "")))
                     pending[late.key] = {"attempts": 1, "final": False, "what": what}
-                late = late.next()
+            refire.queue = waiting
+        else:
+            refire.seen_batch = checkpoint.committed_batch
         if notes:
             context.log.warning("; ".join(notes))
-        cursor = {
-            "first_window_ms": first_seen,
-            "next_window_ms": window.start_ms,
-            "seen_batch": max(seen_batch, checkpoint.committed_batch),
-            "pending": pending,
-        }
+        cursor = {"first_window_ms": first_seen, "next_window_ms": window.start_ms, **refire.to_dict(),
+                  "pending": pending}
         return dg.SensorResult(run_requests=requests, cursor=json.dumps(cursor))
 
     return window_sensor
