@@ -45,22 +45,26 @@ def source_tag(pipeline: Pipeline) -> dict[str, str]:
 
 
 def ingest_metadata(result: IngestResult) -> dict[str, Any]:
+    """A batch's figures as its materialization records them. An attempt whose batch another attempt committed and
+    recorded (it lost the commit race, or replayed a batch already recorded) counts nothing: that attempt's
+    materialization counts the batch (Dagster sums and plots these), once."""
+    counted = result.counted and not result.lost_race
     metadata: dict[str, Any] = {
         "batch_id": result.batch_id,
-        "records_read": result.received,
-        "inserted": result.inserted,
-        "duplicates_in_batch": result.duplicates_in_batch,
-        "duplicates_already_committed": result.duplicates_committed,
+        "records_read": result.received if counted else 0,
+        "inserted": result.inserted if counted else 0,
+        "duplicates_in_batch": result.duplicates_in_batch if counted else 0,
+        "duplicates_already_committed": result.duplicates_committed if counted else 0,
         "replayed_batch_noop": result.replayed,
         "lost_commit_race": result.lost_race,
         "read_ahead": result.read_ahead,
-        "dead_lettered": result.dead_lettered_new,
-        "dead_letter_duplicates": result.dead_letter_duplicates,
+        "dead_lettered": result.dead_lettered_new if counted else 0,
+        "dead_letter_duplicates": result.dead_letter_duplicates if counted else 0,
         "delta_version": result.raw_version,
     }
     if result.realigned_from is not None:
         metadata["checkpoint_was_behind_lake_at_batch"] = result.realigned_from
-    for reason, count in sorted(result.dead_lettered.items()):
+    for reason, count in sorted(result.dead_lettered.items() if counted else ()):
         metadata[f"dead_lettered_{reason}"] = count
     if result.max_event_time_ms is not None:
         metadata["max_event_time_ms"] = result.max_event_time_ms

@@ -178,6 +178,7 @@ class Publisher(Worker):
         self.malformed = malformed
         self.first_closed = first_closed
         self.expected = Expected()
+        self.held = threading.Event()  # set: publish nothing until cleared (an operator working on the topic)
 
     def _send(self, messages: list[tuple[bytes, dict[str, str]]]) -> None:
         if messages:
@@ -191,6 +192,9 @@ class Publisher(Worker):
         # After `duration_s`, only wait (within reason) for the first window to close, then send the late events:
         # on a slow machine that can take several minutes, and the demo's check needs them.
         while time.time() - start < self.duration_s or (not late_done and time.time() - start < self.late_within_s):
+            if self.held.is_set():
+                time.sleep(0.2)
+                continue
             tick = time.time()
             now_ms = int(tick * 1000)
             messages = []

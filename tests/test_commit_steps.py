@@ -487,6 +487,29 @@ def test_an_empty_pane_publishes_an_empty_file_and_no_rows(
     assert commit_store(home).published_through(ASSET) == WINDOW.end_ms
 
 
+def test_a_transform_that_gains_a_column_has_it_added_to_the_bigquery_table_and_a_type_change_is_named(
+    home: Path, bigquery_emulator: BigQueryEmulator, bigquery_client: bigquery.Client, target: BigQueryTarget
+) -> None:
+    ctx = context(home, bigquery_emulator)
+    older = tuple(c for c in WINDOW_SCHEMA if c[0] != "timing")  # the output before it gained `timing`
+    first = publish_pane(commit_store(home), asset=ASSET, window=OTHER_WINDOW, pane=1,
+                         rows=[{k: v for k, v in r.items() if k != "timing"} for r in pane_rows(OTHER_WINDOW, 1, PANE_1)],
+                         schema=older, sink_root=str(home / "published"), bigquery=target, rows_per_shard=2).sequence
+    assert run_sequence(ctx, first.id, run_id="run-1").outcome == DONE
+    second = publish(home, target).sequence
+    assert run_sequence(ctx, second.id, run_id="run-2").outcome == DONE  # not quarantined for a new column
+    assert table_rows(bigquery_client, target) == sorted(
+        expected_rows(WINDOW, 1, PANE_1) + [(*row[:5], None) for row in expected_rows(OTHER_WINDOW, 1, PANE_1)])
+
+    retyped = tuple((name, "STRING" if name == "count" else kind) for name, kind in WINDOW_SCHEMA)
+    rows = [{**r, "count": str(r["count"])} for r in pane_rows(WINDOW, 2, PANE_2)]
+    third = publish_pane(commit_store(home), asset=ASSET, window=WINDOW, pane=2, rows=rows, schema=retyped,
+                         sink_root=str(home / "published"), bigquery=target, rows_per_shard=2).sequence
+    assert run_sequence(ctx, third.id, run_id="run-3").outcome != DONE
+    assert "column 'count' is INT64, the output now gives STRING" in (commit_store(home).state(third.id).last_error
+                                                                         or "")
+
+
 # --- steps in isolation ---------------------------------------------------------------------------------------
 
 

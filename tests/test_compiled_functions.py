@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -138,3 +139,16 @@ def test_a_connect_servers_driver_projects_a_clients_rows_as_a_job_would(spark: 
     other = spark.range(5).selectExpr("id * 2 AS doubled")
     assert evaluated_on_driver(other)["doubled"].to_pylist() == [0, 2, 4, 6, 8]
     assert "Range (0, 5" in parsed_plan(on_driver(other)), parsed_plan(on_driver(other))
+
+
+@pytest.mark.engine_paths
+def test_a_sessions_fingerprints_are_checked_against_the_saved_filters_test_vector(spark: SparkSession) -> None:
+    from onceflow.jobs.dedup import fingerprints
+
+    # The JVM's hashes of the test vector are those saved filters record (`hash_test_vector`, pandas'): the
+    # session hashes its batches' IDs in Spark only then.
+    assert fingerprints.hashes_in_spark(spark)
+    expected = fingerprints.hash_test_vector()
+    rows = spark.createDataFrame(list(enumerate(fingerprints._TEST_VECTOR_IDS)), "i INT, record_id STRING") \
+        .selectExpr("i", *fingerprints.id_hash_sql()).orderBy("i").collect()
+    assert [int(h) % 2**64 for row in rows for h in list(row)[1:]] == expected

@@ -149,3 +149,11 @@ def test_a_recompute_beyond_retention_fails_saying_why(spark: SparkSession, tmp_
                                                  r"version 3 on .*; the tables keep versions for 720 hours"):
         materialize_windows(spark, pipeline, output, [window], None, closes, lake.table_path(pipeline.raw_table),
                             lake.table_path(output.table))
+
+
+def test_tables_keep_versions_for_the_whole_retention_rounded_up_and_their_log_longer() -> None:
+    from onceflow.jobs.delta.transactions import LOG_MARGIN_H, table_properties
+
+    properties = table_properties(90 * 60)  # 90 minutes: kept 2 hours, never 1
+    assert properties["delta.deletedFileRetentionDuration"] == "interval 2 hours"
+    assert properties["delta.logRetentionDuration"] == f"interval {2 + LOG_MARGIN_H} hours"

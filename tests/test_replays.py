@@ -134,3 +134,90 @@ def _events_source(home: Path):
     from onceflow.resources.lake import LakeResource
 
     return open_source(builtin("events"), LakeResource(home=str(home)))
+
+
+def test_checkpoint_totals_count_the_batches_a_restore_skipped(
+    spark: SparkSession, tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    directory = events_from_files(tmp_path, monkeypatch, max_files=1)
+    start_ms = int(time.time() * 1000) - 600_000
+    source = _events_source(home)
+
+    def batch(name: str, seed: int) -> None:
+        events = make_events(10, start_ms, 60_000, seed=seed, prefix=name)
+        lines = [e.json_line() for e in [*events, events[0]]] + ["not json"]  # a producer's retry, a bad line
+        (directory / f"{name}.jsonl").write_text("".join(f"{line}\n" for line in lines))
+        drain(lambda: spark, source)
+
+    batch("a", 1)
+    copy = tmp_path / "copy"
+    shutil.copytree(home / "checkpoints", copy)
+    batch("b", 2)
+    batch("c", 3)
+    shutil.rmtree(home / "checkpoints")
+    shutil.copytree(copy, home / "checkpoints")  # the older copy restored
+    batch("d", 4)
+    totals = source.checkpoints.load().totals
+    assert totals == {"received": 48, "inserted": 40, "duplicates": 4, "dead_lettered": 4}
+
+
+def test_an_attempt_whose_batch_another_attempt_committed_reports_none_of_it(
+    tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dagster as dg
+
+    from onceflow.jobs.ingest_job import raw_asset_key
+
+    directory = events_from_files(tmp_path, monkeypatch, max_files=10)
+    write_events(directory / "a.jsonl", make_events(20, int(time.time() * 1000) - 600_000, 60_000))
+    instances = [tmp_path / "dagster-a", tmp_path / "dagster-b"]  # two, so that neither waits for the other's turn
+    for path in instances:
+        path.mkdir()
+    winner = micro_batch_started(str(home), str(instances[0]), pause_at="ingest.before_raw_commit")
+    wait_paused(home, "ingest.before_raw_commit", winner)
+    other = micro_batch_started(str(home), str(instances[1]), pause_at="ingest.after_plan")  # the same batch
+    wait_paused(home, "ingest.after_plan", other)
+    release(home, "ingest.before_raw_commit")
+    assert winner.wait(180) == 0, winner.stdout.read()[-3000:] if winner.stdout else ""
+    release(home, "ingest.after_plan")
+    assert other.wait(180) == 0, other.stdout.read()[-3000:] if other.stdout else ""
+    inserted = []
+    for path in instances:
+        with dg.DagsterInstance.from_config(str(path)) as instance:
+            event = instance.get_latest_materialization_event(raw_asset_key(builtin("events")))
+            metadata = event.asset_materialization.metadata
+            inserted.append((metadata["batch_id"].value, metadata["inserted"].value, metadata["replayed_batch_noop"].value))
+    assert inserted == [(1, 20, False), (1, 0, True)]  # Dagster's sums count the batch once
+
+
+def test_a_merge_without_the_fast_path_and_a_blind_append_racing_for_one_batch_commit_it_once(
+    tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dagster as dg
+
+    from onceflow.jobs.ingest_job import raw_asset_key
+
+    directory = events_from_files(tmp_path, monkeypatch, max_files=10)
+    events = make_events(30, int(time.time() * 1000) - 600_000, 60_000)
+    write_events(directory / "a.jsonl", events)
+    instances = [tmp_path / "dagster-append", tmp_path / "dagster-merge"]
+    for path in instances:
+        path.mkdir()
+    # The append decided its rows against the ID filters and is held just before its commit...
+    append = micro_batch_started(str(home), str(instances[0]), pause_at="ingest.before_raw_commit")
+    wait_paused(home, "ingest.before_raw_commit", append)
+    # ...while a process with the fast path off MERGEs the same batch and commits it.
+    merge = dagster_micro_batch(str(home), None, dagster_home=str(instances[1]), dedup_fast_path="false")
+    assert merge.returncode == 0, merge.stdout[-3000:] + merge.stderr[-3000:]
+    release(home, "ingest.before_raw_commit")
+    out = append.communicate(timeout=180)[0]
+    assert append.returncode == 0, out[-3000:]
+    raw = [r[0] for r in read_rows(str(home / "lake" / "raw" / "events"), ["record_id"])]
+    assert sorted(raw) == sorted(e.event_id for e in events)  # once: Delta's conflict check stopped the append
+    seen = []
+    for path in instances:
+        with dg.DagsterInstance.from_config(str(path)) as instance:
+            metadata = instance.get_latest_materialization_event(raw_asset_key(builtin("events"))) \
+                .asset_materialization.metadata
+            seen.append((metadata["inserted"].value, metadata["lost_commit_race"].value))
+    assert seen == [(0, True), (30, False)]

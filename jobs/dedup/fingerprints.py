@@ -8,11 +8,15 @@ the table's own files rely on. That is why a fingerprint found is a repeat.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+from pyspark.sql import SparkSession
+
+from onceflow.resources.spark_functions import compiled_functions
 
 _HASH_KEYS = ("onceflow-ids-001", "onceflow-ids-002")
 ID_HASH_COLUMNS = ("id_hash_first", "id_hash_second")
@@ -60,3 +64,20 @@ def hash_test_vector() -> list[int]:
     rebuilt."""
     prints = id_hashes(pa.array(_TEST_VECTOR_IDS))
     return [int(h) for pair in zip(prints.first, prints.second, strict=True) for h in pair]
+
+
+def hashes_in_spark(spark: SparkSession) -> bool:
+    """Whether `spark`'s batches may compute their IDs' fingerprints in their Spark stage (`id_hash_sql`): it has
+    onceflow's compiled functions, and they hash the test vector bit for bit as `id_hashes` does (asked once per
+    session). Saved filters record the test vector as `id_hashes` computes it; a JVM that hashed otherwise would
+    answer for other IDs, so a session that disagrees has its batches hashed on the driver instead."""
+    if not compiled_functions(spark):
+        return False
+    if spark not in _AGREES:
+        rows = spark.createDataFrame(list(enumerate(_TEST_VECTOR_IDS)), "i INT, record_id STRING") \
+            .selectExpr("i", *id_hash_sql()).orderBy("i").collect()
+        _AGREES[spark] = [int(h) % 2**64 for row in rows for h in list(row)[1:]] == hash_test_vector()
+    return _AGREES[spark]
+
+
+_AGREES: weakref.WeakKeyDictionary[SparkSession, bool] = weakref.WeakKeyDictionary()

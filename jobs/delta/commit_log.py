@@ -73,6 +73,31 @@ def committed_metadata(
     return found
 
 
+def committed_rows(path: str, app_id: str, batches: Collection[int]) -> dict[int, int]:
+    """The rows the commits of `(app_id, b)` for b in `batches` inserted into the table at `path`, by batch, from
+    their operation metrics in the log (one pass, delta-rs); a batch the table holds no commit of is absent."""
+    wanted, found = set(batches), {}
+    try:
+        history = table_snapshot(path).history() if wanted else []
+    except TableNotFoundError:
+        return found
+    for commit in history:
+        try:
+            metadata = json.loads(commit.get("userMetadata") or "{}")
+        except json.JSONDecodeError:
+            continue
+        batch = metadata.get("onceflow_batch") if isinstance(metadata, dict) else None
+        if metadata.get("onceflow_source") != app_id or batch not in wanted:
+            continue
+        metrics = commit.get("operationMetrics") or {}
+        found[batch] = (int(metrics["numTargetRowsInserted"]) if "numTargetRowsInserted" in metrics
+                        else rows_appended(metrics))
+        wanted.discard(batch)
+        if not wanted:
+            break
+    return found
+
+
 def own_commit_version(path: str, metadata: dict[str, Any], after: int) -> int:
     """The version of the commit that carried `metadata` when it is the one right after version `after`, else
     `after`: the newest version up to which this writer knows every commit."""

@@ -51,7 +51,7 @@ def maintain(
     spark: SparkSession, pipeline: Pipeline, tables: dict[str, str], horizon_floor_ms: int | None
 ) -> list[MaintenanceReport]:
     """Maintain the pipeline's tables (`{name: path}`; the raw one named `raw`); see the module docstring."""
-    hours = max(1, pipeline.retention_s // 3600)
+    hours = max(1, -(-pipeline.retention_s // 3600))  # as `table_properties` keeps them: whole hours, up
     properties = ", ".join(f"'{key}' = '{value}'" for key, value in table_properties(pipeline.retention_s).items())
     reports = []
     for name, path in tables.items():

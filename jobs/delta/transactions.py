@@ -268,14 +268,20 @@ def latest_version(path: str) -> int:
     return newest_version(path)
 
 
+LOG_MARGIN_H = 24
+"""How much longer than its files a table keeps its log: a version is read from the checkpoint before it, which
+log cleanup keeps only while it is within the log's retention."""
+
+
 def table_properties(retention_s: int, stats_columns: tuple[str, ...] = ()) -> dict[str, str]:
-    """The properties of every onceflow table: old versions kept for `retention_s`, a checkpoint every 10 commits
-    whichever engine commits (Spark's default; delta-rs, which commits appends, would take 100), and with
-    `stats_columns` file statistics for those columns only."""
-    hours = max(1, retention_s // 3600)
+    """The properties of every onceflow table: old versions kept for at least `retention_s` (whole hours, rounded
+    up; the log `LOG_MARGIN_H` longer, so that time travel to any version inside the retention finds the
+    checkpoint it starts from), a checkpoint every 10 commits whichever engine commits (Spark's default; delta-rs,
+    which commits appends, would take 100), and with `stats_columns` file statistics for those columns only."""
+    hours = max(1, -(-retention_s // 3600))
     stats = {"delta.dataSkippingStatsColumns": ",".join(stats_columns)} if stats_columns else {}
     return {
-        "delta.logRetentionDuration": f"interval {hours} hours",
+        "delta.logRetentionDuration": f"interval {hours + LOG_MARGIN_H} hours",
         "delta.deletedFileRetentionDuration": f"interval {hours} hours",
         "delta.checkpointInterval": "10",
         **stats,

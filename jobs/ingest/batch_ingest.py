@@ -45,6 +45,11 @@ from onceflow.jobs.sources.landing import STREAM_STRIDE
 from onceflow.jobs.sources.reader import SourceRuntime
 
 EVENT_TIMES_KEY = "onceflow_event_times"
+RECEIVED_KEY = "onceflow_received"
+
+
+class BatchDoesNotBalance(RuntimeError):
+    """A batch's counts do not add up: its landing's count of records differs from what was read of it."""
 
 
 def ingest_batch(
@@ -66,12 +71,16 @@ def ingest_batch(
         _summarize(slim, result)
         if result.landed != result.received:  # planned positions that hold no record, or a reading that lost some
             result.landed = source.reader.recount(plan, result.landed)
+        if result.landed != result.received:  # checked before anything commits: a batch that cannot balance
+            raise BatchDoesNotBalance(f"{source.app_id} batch {plan.batch_id}: its landing holds {result.landed} "
+                                      f"records, Spark's reading of it {result.received}; nothing committed")
         # What the batch landed, kept for `verify` once the source lets its input go.
         source.manifests.write(plan.batch_id, slim)
         if any(output.late_policy == "refire" for output in pipeline.outputs):  # for the window sensor's refires
             source.manifests.write_minutes(plan.batch_id, slim)
         if result.min_event_time_ms is not None:  # and its event times, for the watermark and the windows
             metadata[EVENT_TIMES_KEY] = [result.min_event_time_ms, result.max_event_time_ms]
+        metadata[RECEIVED_KEY] = result.received  # for a checkpoint that learns the batch from the lake
         # Dead letters commit first, raw last: a batch is committed once raw holds it (`micro_batch.lake_batch`).
         # They are explained and committed on a thread of their own while the valid records are decided.
         dead = slim.filter(pc.is_valid(slim["reason"]))

@@ -22,7 +22,7 @@ from pyspark.sql import types as T
 
 from onceflow.jobs.declare.record_contract import RecordContract
 from onceflow.jobs.declare.schema import has_variant, quoted, type_ddl
-from onceflow.jobs.dedup.fingerprints import ID_HASH_COLUMNS, id_hash_sql
+from onceflow.jobs.dedup.fingerprints import ID_HASH_COLUMNS, hashes_in_spark, id_hash_sql
 from onceflow.jobs.dedup.first_records import without_ordinals
 from onceflow.jobs.delta.raw_table import DEAD_LETTER_SCHEMA, bucket_of, ensure_raw_table, raw_schema
 from onceflow.jobs.delta.transactions import begin_append, create_table_once, table_properties
@@ -31,7 +31,6 @@ from onceflow.jobs.ingest.validation import batch_numbers, classify_numbered
 from onceflow.jobs.sources.checkpoint import BatchPlan
 from onceflow.jobs.sources.reader import SourceRuntime
 from onceflow.resources.plan_template import PlanTemplate
-from onceflow.resources.spark_functions import compiled_functions
 
 DRIVER_COLUMNS = ("reason", "unix_millis(event_time) AS t", "raw", "detail")
 """What the driver reads of every record besides its raw columns, when the rows come to it whole."""
@@ -108,7 +107,7 @@ def read_batch(spark: SparkSession, source: SourceRuntime, plan: BatchPlan, land
     columns = raw_columns(source, contract)
     # Rows to the driver: the plan ends with the one projection the driver reads, so it is part of the template.
     # The ID filters' fingerprints of the records are computed there too, where the session can (`IdHash.java`).
-    hashed = rows_here and source.id_filters is not None and compiled_functions(spark)
+    hashed = rows_here and source.id_filters is not None and hashes_in_spark(spark)
     outputs = (*DRIVER_COLUMNS, *(id_hash_sql() if hashed else ()), *columns) if rows_here else ()
     classified = _classified(spark, landed, contract, source.pipeline.time_bucket_ms, numbers, outputs)
     cached = None if rows_here else classified.cache()

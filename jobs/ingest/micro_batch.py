@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
 
-from onceflow.jobs.delta.commit_log import committed_batch, committed_metadata
-from onceflow.jobs.ingest.batch_ingest import EVENT_TIMES_KEY, ingest_batch
+from onceflow.jobs.delta.commit_log import committed_batch, committed_metadata, committed_rows
+from onceflow.jobs.ingest.batch_ingest import EVENT_TIMES_KEY, RECEIVED_KEY, ingest_batch
 from onceflow.jobs.ingest.batch_read import read_batch, rows_to_driver
 from onceflow.jobs.ingest.result import IngestResult
 from onceflow.jobs.sources.checkpoint import BatchPlan, SourceCheckpoint
@@ -76,7 +76,15 @@ def run_micro_batch(get_spark: Callable[[], SparkSession], source: SourceRuntime
             plan = committed_plan(source, plan)
         learnt.result()
         with result.times.stage("checkpoint"):
-            source.checkpoints.update(lambda c: advanced(source, c, plan, result))
+            recorded: list[bool] = []  # whether the change that stood recorded the batch (CAS may ask again)
+
+            def record(c: SourceCheckpoint) -> SourceCheckpoint | None:
+                changed = advanced(source, c, plan, result)
+                recorded.append(changed is not None)
+                return changed
+
+            source.checkpoints.update(record)
+            result.counted = recorded[-1]
         if not result.lost_race:
             reader.after_checkpoint(plan)
     result.times.add("batch", time.perf_counter() - start)
@@ -205,8 +213,13 @@ def learn_committed(
     """Teach checkpoint `c` and its `watermark` the `batches` the lake has committed but `c` skips over, from what
     their commits carried (`carried`, by batch): their event times, files and messages leave the source's backlog
     as if each had advanced the checkpoint (else a backlog kept from what onceflow saw waits for them for ever)."""
+    inserted = committed_rows(source.raw_path, source.app_id, batches)
+    dead_lettered = committed_rows(source.dead_letter_path, source.app_id, batches)
     for batch in batches:
         metadata = carried.get(batch, {})
+        if RECEIVED_KEY in metadata:  # its figures, as the batch's own attempt would have counted them
+            received, new, dead = metadata[RECEIVED_KEY], inserted.get(batch, 0), dead_lettered.get(batch, 0)
+            _count(c, received, new, received - new - dead, dead)
         times = metadata.get(EVENT_TIMES_KEY)
         if times is not None:
             with_event_times(c, batch, *times)
@@ -275,14 +288,15 @@ def advanced(
     if result.min_event_time_ms is not None and result.max_event_time_ms is not None:
         with_event_times(checkpoint, plan.batch_id, result.min_event_time_ms, result.max_event_time_ms)
     checkpoint.took(plan.files)
-    for name, count in (
-        ("received", result.received),
-        ("inserted", result.inserted),
-        ("duplicates", result.duplicates),
-        ("dead_lettered", result.dead_lettered_new),
-    ):
-        checkpoint.totals[name] = checkpoint.totals.get(name, 0) + count
+    _count(checkpoint, result.received, result.inserted, result.duplicates, result.dead_lettered_new)
     return checkpoint
+
+
+def _count(checkpoint: SourceCheckpoint, received: int, inserted: int, duplicates: int, dead_lettered: int) -> None:
+    """Add a batch's figures to the checkpoint's totals."""
+    for name, count in (("received", received), ("inserted", inserted), ("duplicates", duplicates),
+                        ("dead_lettered", dead_lettered)):
+        checkpoint.totals[name] = checkpoint.totals.get(name, 0) + count
 
 
 def with_event_times(checkpoint: SourceCheckpoint, batch_id: int, min_ms: int, max_ms: int) -> None:

@@ -33,7 +33,8 @@ class BigQueryLoad(CommitStep):
     finalized shards of the file sink), with columns `schema` ((name, sink type) pairs, see `onceflow.jobs.publish.sink_types`;
     `window_start` TIMESTAMP and `pane` INT64 among them). `execute`:
 
-    1. creates the table if it does not exist (the dataset must exist);
+    1. creates the table if it does not exist (the dataset must exist), and adds the columns it lacks (NULLABLE;
+       a column it holds under another type stops the step, naming it);
     2. loads the files into a staging table beside it (truncating it) with a load job;
     3. MERGEs the staging table into the table with a query job, keyed on `key_columns`: the window's rows are
        replaced by the pane's (rows of keys the pane lacks are deleted), unless the table holds a newer pane of
@@ -131,6 +132,7 @@ class BigQueryLoad(CommitStep):
         payload = self._payload(ctx)
         with ctx.bigquery_client(self.project) as client:
             _create_table(client, self.final_table, self._schema())
+            evolve_table(client, self.final_table, self._schema())
             if payload:
                 config = bigquery.LoadJobConfig(
                     source_format=bigquery.SourceFormat.NEWLINE_DELIMITED_JSON,
@@ -237,6 +239,41 @@ def _create_table(client: bigquery.Client, table_id: str, schema: list[bigquery.
         # two catalogue commits collide); what matters is that the table exists.
         if not _table_exists(client, table_id):
             raise error from None
+
+
+class BigQueryTypeChanged(RuntimeError):
+    """A BigQuery table holds a column under another type than the output now gives it."""
+
+
+def evolve_table(client: bigquery.Client, table_id: str, schema: list[bigquery.SchemaField]) -> None:
+    """Add to the table the columns of `schema` it lacks, NULLABLE (rows loaded before hold NULL there), as the
+    Delta tables evolve; a column it holds under another type is `BigQueryTypeChanged`, naming it and the way out."""
+    table = client.get_table(table_id)
+    held = {field.name.lower(): field for field in table.schema}
+    for field in schema:
+        found = held.get(field.name.lower())
+        if found is not None and _kind(found) != _kind(field):
+            raise BigQueryTypeChanged(
+                f"BigQuery table {table_id}: column {field.name!r} is {_kind(found)}, the output now gives "
+                f"{_kind(field)}; BigQuery cannot change it in place: publish the output to a new table (or "
+                "drop this one), or give the column its old type in the transform"
+            )
+    added = [field for field in schema if field.name.lower() not in held]
+    if added:
+        from google.cloud import bigquery
+
+        table.schema = [*table.schema, *(bigquery.SchemaField(f.name, f.field_type, mode="NULLABLE",
+                                                              fields=f.fields) for f in added)]
+        client.update_table(table, ["schema"])
+
+
+_STANDARD = {"INTEGER": "INT64", "FLOAT": "FLOAT64", "BOOLEAN": "BOOL", "RECORD": "STRUCT"}
+
+
+def _kind(field: bigquery.SchemaField) -> str:
+    """A field's type by its standard SQL name (the API answers with legacy ones), and its mode if repeated."""
+    kind = _STANDARD.get(field.field_type, field.field_type)
+    return f"ARRAY<{kind}>" if field.mode == "REPEATED" else kind
 
 
 def _drop_table(client: bigquery.Client, table_id: str) -> None:

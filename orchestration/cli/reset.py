@@ -1,7 +1,8 @@
 """`onceflow reset <pipeline>`: start a new epoch of a pipeline's source, deliberately.
 
-The new epoch has its own app id (`<pipeline>/<kind>@<epoch>`) and its checkpoint starts empty (a file source
-takes every file again, a Pub/Sub source reads on from its subscription). The tables stay: records the raw table
+The new epoch has its own app id (`<pipeline>/<kind>@<epoch>`) and its checkpoint starts empty but for the old
+epoch's watermark (a file source takes every file again, within the dedup horizon; a Pub/Sub source reads on from
+its subscription; a Kafka source goes on where the old epoch ended, on the same log). The tables stay: records the raw table
 holds are still deduplicated against. A batch landed but not committed would be lost with its epoch, so reset
 refuses while one waits, unless told otherwise; and it refuses while a micro-batch run of the source is queued
 or running in the Dagster instance of `$DAGSTER_HOME` (that run's commits and the new epoch's would race).
@@ -26,7 +27,7 @@ from deltalake.transaction import CommitProperties, Transaction
 from onceflow.jobs.declare.declaration import Pipeline
 from onceflow.jobs.delta.arrow_append import post_commit_hooks
 from onceflow.jobs.ingest.micro_batch import lake_batch
-from onceflow.jobs.sources.checkpoint import EpochStore
+from onceflow.jobs.sources.checkpoint import CheckpointStore, EpochStore, SourceCheckpoint
 from onceflow.jobs.sources.reader import SourceRuntime, app_id, open_source
 from onceflow.orchestration.deployments import resources_for
 from onceflow.orchestration.pipelines import load_pipelines
@@ -60,7 +61,10 @@ def cmd_reset(args: argparse.Namespace) -> int:
             return 1
         first += 1
     fence(source, first - 1)
-    epoch = EpochStore(lake.epochs()).advance(pipeline.name, first)
+    epochs = EpochStore(lake.epochs())
+    carry_watermark(source, CheckpointStore(lake.checkpoints(), app_id(pipeline, epochs.current(pipeline.name) + 1),
+                                            first))
+    epoch = epochs.advance(pipeline.name, first)
     print(f"{pipeline.name}: epoch {epoch} started; its source now commits as {app_id(pipeline, epoch)}, "
           f"from batch {first}")
     return 0
@@ -76,6 +80,21 @@ def _run_in_flight(pipeline: Pipeline) -> str | None:
     with instance:
         runs = instance.get_runs(filters=dg.RunsFilter(job_name=f"ingest_{pipeline.name}"), limit=RUNS_LOOKED_AT)
         return in_flight(instance, list(runs), load_settings().run_start_timeout_s)
+
+
+def carry_watermark(source: SourceRuntime, new_epoch: CheckpointStore) -> None:
+    """Start the new epoch's checkpoint at the old epoch's watermark: it is the same source, its closed windows stay
+    closed, and its first batch has a dedup horizon floor (without one, the ID filters of the whole raw table are
+    rebuilt for it)."""
+    carried = {k: v for k, v in source.checkpoints.load().watermark.items() if k in ("kind", "watermark_ms")}
+    if carried.get("watermark_ms") is None:
+        return
+
+    def seeded(checkpoint: SourceCheckpoint) -> SourceCheckpoint:
+        checkpoint.watermark = {**carried, **checkpoint.watermark}
+        return checkpoint
+
+    new_epoch.update(seeded)
 
 
 def fence(source: SourceRuntime, batch: int) -> None:

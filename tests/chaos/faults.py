@@ -22,12 +22,15 @@ from onceflow.jobs.declare.declaration import Pipeline
 from onceflow.jobs.windows.panes import CloseStore
 from onceflow.orchestration.local_stack import PROJECT_ROOT, LocalStack
 from onceflow.orchestration.sensors.runs import run_worker_pid
-from onceflow.orchestration.workload import Worker
+from onceflow.orchestration.workload import Publisher, Worker
 from onceflow.resources.faults import CRASH_EXIT_CODE, POINTS
 from onceflow.resources.processes import kill_tree
+from tests.chaos.operator_faults import OperatorFaults
 
-KINDS = ("crash_point", "sigkill", "double_launch", "backfill", "engine_restart", "checkpoint_rollback")
-WEIGHTS = (5, 4, 2, 2, 1, 1)
+KINDS = ("crash_point", "sigkill", "double_launch", "backfill", "engine_restart", "checkpoint_rollback",
+         "first_second", "declaration_change", "topic_recreated", "transaction_open", "malformed_partition")
+WEIGHTS = (5, 4, 2, 2, 1, 1, 2, 1, 1, 1, 1)
+KAFKA_ONLY = frozenset({"topic_recreated", "transaction_open", "malformed_partition"})
 DAGSTER = [sys.executable, "-m", "dagster"]
 LOCATION = ["-m", "onceflow.orchestration.definitions"]
 
@@ -42,22 +45,26 @@ class FaultLog:
         self.notes.append(f"{time.strftime('%H:%M:%S')} {kind}: {what}")
 
 
-class FaultInjector(Worker):
+class FaultInjector(OperatorFaults, Worker):
     """Injects `count` faults, one every `spacing_s` seconds or so, chosen by a seeded random generator. Each
     counts only when it really happened (a crash point reached, a process killed); a kind that cannot happen yet
-    (no closed window to backfill) is passed over for another."""
+    (no closed window to backfill) is passed over for another. `events` is the events publisher (held while its
+    topic is re-created); `extra` what the faults sent themselves (`tests.chaos.operator_faults.Extra`)."""
 
-    def __init__(self, stack: LocalStack, pipelines: list[Pipeline], count: int, spacing_s: float, seed: int):
+    def __init__(self, stack: LocalStack, pipelines: list[Pipeline], count: int, spacing_s: float, seed: int,
+                 events: Publisher | None = None):
         super().__init__()
         self.stack, self.pipelines, self.count, self.spacing_s = stack, pipelines, count, spacing_s
         self.rng = random.Random(seed)
         self.log = FaultLog()
+        self.events, self.extra = events, {}
 
     def work(self) -> None:
         injected = 0
         # On the classic path there is no shared engine to restart: each run's own session dies with its process.
         kinds = [(k, w) for k, w in zip(KINDS, WEIGHTS, strict=True)
-                 if k != "engine_restart" or self.stack.engine_path == "connect"]
+                 if (k != "engine_restart" or self.stack.engine_path == "connect")
+                 and (k not in KAFKA_ONLY or self.stack.kafka is not None)]
         while injected < self.count:
             time.sleep(self.rng.uniform(0.5, 1.5) * self.spacing_s)
             kind = self.rng.choices([k for k, _ in kinds], [w for _, w in kinds])[0]
@@ -146,6 +153,16 @@ class FaultInjector(Worker):
                 checkpoints.write(key, data)
         self.log.note("checkpoint_rollback", "checkpoints replaced by a copy taken seconds before")
         return True
+
+
+    def _dagster(self, args: list[str]) -> list[str]:
+        return [*DAGSTER, *args]
+
+    def _onceflow(self, args: list[str]) -> list[str]:
+        return [sys.executable, "-m", "onceflow", *args]
+
+    def _dagster_env(self) -> dict[str, str]:
+        return _env()
 
 
 def _env() -> dict[str, str]:

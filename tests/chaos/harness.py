@@ -53,6 +53,7 @@ from onceflow.resources.delta_storage import delta_table
 from onceflow.resources.settings import load_settings
 from onceflow.resources.spark import build_spark_session
 from tests.chaos.faults import FaultInjector
+from tests.chaos.operator_faults import Extra
 from tests.chaos.workload import OrderPublisher
 from tests.delta_reader import read_rows
 
@@ -67,6 +68,7 @@ SETTINGS = {
     "ONCEFLOW_WATERMARK_IDLE_S": "10",
     "ONCEFLOW_IDLE_TICK_S": "5",
     "ONCEFLOW_BIGQUERY_DATASET": "onceflow_chaos",
+    "ONCEFLOW_RUN_START_TIMEOUT_S": "20",  # a run killed in its first second holds its source this long
 }
 WARM_RUNS = {
     # A run keeps taking batches for a while, as `make demo`'s do: on the classic path, where each run starts a Spark
@@ -134,7 +136,8 @@ def run_chaos(
             events = Publisher(client, "onceflow-events", publish_s, rate=10, first_closed=first_closed, seed=seed,
                                malformed=MALFORMED)
         orders = OrderPublisher(client, publish_s, rate=4, seed=seed)
-        faults = FaultInjector(stack, pipelines, iterations, spacing_s=publish_s / max(iterations, 1), seed=seed)
+        faults = FaultInjector(stack, pipelines, iterations, spacing_s=publish_s / max(iterations, 1), seed=seed,
+                               events=events)
         for thread in (events, orders, faults):
             thread.start()
         _say(f"seed {seed}: publishing for {publish_s:.0f}s while {iterations} faults are injected")
@@ -148,7 +151,7 @@ def run_chaos(
         _account(stack, pipelines, report, {
             "events": (events.expected.valid_ids, events.expected.malformed_ids),
             "orders": (orders.sent.valid_ids, orders.sent.malformed_ids),
-        })
+        }, faults.extra)
         report.problems += _operator_views(pipelines)
         report.launches = Counter(run.tags.get(LAUNCHED_BY_TAG, "default") for run in stack.instance.get_runs())
         report.read_ahead = sum(_batches_read_ahead(stack.instance, pipeline) for pipeline in pipelines)
@@ -222,18 +225,23 @@ def _unpublished(stack: LocalStack, pipelines: list, commits: CommitStore) -> li
     return missing
 
 
-def _account(stack: LocalStack, pipelines: list, report: ChaosReport, sent: dict) -> None:
-    """Compare the end state with what was sent, with independent readers."""
+def _account(stack: LocalStack, pipelines: list, report: ChaosReport, sent: dict, extra: dict[str, Extra]) -> None:
+    """Compare the end state with what was sent (by the publishers, and by the faults themselves: `extra`), with
+    independent readers."""
     spark = _accounting_session(stack.spark_remote)
     for pipeline in pipelines:
-        valid, malformed = sent[pipeline.name]
-        report.records += len(valid)
+        more = extra.get(pipeline.name, Extra())
+        valid, malformed = sent[pipeline.name][0] | more.valid, sent[pipeline.name][1] | more.malformed
+        report.records += len(valid) + len(more.either)
         report.malformed += len(malformed)
         raw = [r[0] for r in read_rows(stack.lake.table_path(pipeline.raw_table), ["record_id"])]
         dead = [r[0] for r in read_rows(stack.lake.table_path(pipeline.dead_letter_table), ["record_id"])]
-        report.lost += sorted(f"{pipeline.name}:{i}" for i in (valid - set(raw)) | (malformed - set(dead)))
+        held = set(raw) | set(dead)
+        report.lost += sorted(f"{pipeline.name}:{i}" for i in (valid - set(raw)) | (malformed - set(dead))
+                              | (more.either - held))
         report.duplicated += sorted(f"{pipeline.name}:{i}" for i, n in (Counter(raw) + Counter(dead)).items() if n > 1)
-        report.problems += [f"{pipeline.name}: unexpected record {i}" for i in (set(raw) - valid) | (set(dead) - malformed)]
+        report.problems += [f"{pipeline.name}: unexpected record {i}"
+                            for i in (set(raw) - valid - more.either) | (set(dead) - malformed - more.either)]
         report.problems += _bigquery_differences(stack, pipeline)
         source, outputs = reconcile_pipeline(spark, pipeline, stack.lake)
         if not source.ok:

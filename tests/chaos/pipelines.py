@@ -4,6 +4,8 @@
 one-minute windows, two outputs (per region, and one row per window without keys).
 """
 
+import os
+
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -19,6 +21,8 @@ def order_totals(records: DataFrame) -> DataFrame:
 
 orders = Pipeline(
     name="orders",
+    # What the `declaration_change` fault's next release lowers (`tests.chaos.operator_faults`).
+    max_record_bytes=int(os.environ.get("CHAOS_ORDERS_MAX_RECORD_BYTES", str(64 * 1024))),
     source=PubSubSource(topic="onceflow-orders", subscription="onceflow-orders-sub", id_attribute="order_id",
                         timestamp_attribute="ts"),
     schema="customer STRING NOT NULL, region STRING NOT NULL, amount DECIMAL(18,2) NOT NULL, note STRING",
