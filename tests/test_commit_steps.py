@@ -342,8 +342,9 @@ def test_retries_of_one_dagster_run_are_one_attempt(home: Path) -> None:
 def test_a_failed_bigquery_job_id_is_never_reused_for_a_new_job(
     home: Path, bigquery_emulator: BigQueryEmulator, bigquery_client: bigquery.Client, target: BigQueryTarget
 ) -> None:
-    # A table with the right name but a wrong schema (`timing` INT64) makes the MERGE job fail.
-    wrong = [bigquery.SchemaField(name, "INT64" if name == "timing" else kind) for name, kind in WINDOW_SCHEMA]
+    # A table with the right name and a REQUIRED column the output does not give makes the MERGE job fail.
+    wrong = [*(bigquery.SchemaField(name, kind) for name, kind in WINDOW_SCHEMA),
+             bigquery.SchemaField("owner", "STRING", mode="REQUIRED")]
     bigquery_client.create_table(bigquery.Table(f"{target.project}.{target.dataset}.{ASSET}", schema=wrong))
     sequence = publish(home, target).sequence
     load = sequence.steps[2]

@@ -187,7 +187,7 @@ def test_a_bad_setting_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.delenv("ONCEFLOW_MAX_MESSAGES")
     monkeypatch.delenv("ONCEFLOW_LATE_POLICY")
     monkeypatch.setenv("ONCEFLOW_CRASH_AT", "ingest.before_everything")
-    with pytest.raises(SettingsError, match=r"ONCEFLOW_CRASH_AT='ingest\.before_everything': .*unknown crash point"):
+    with pytest.raises(SettingsError, match=r"ONCEFLOW_CRASH_AT='ingest\.before_everything': .*unknown fault point"):
         load_settings()
 
 

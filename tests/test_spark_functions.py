@@ -16,6 +16,7 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
+from onceflow.jobs.declare.record_contract import RecordContract
 from onceflow.jobs.dedup.first_records import without_ordinals
 from onceflow.jobs.ingest.batch_read import BatchRead
 from onceflow.orchestration.local_stack import PROJECT_ROOT
@@ -109,8 +110,9 @@ def test_a_batch_read_drops_the_same_valid_records_held_here_or_in_spark(spark: 
     slim = pa.table({"reason": pa.array(reasons, pa.string()), "ordinal": pa.array(ordinals, pa.int64())})
     records = pa.table({"name": [f"r{o}" for o in ordinals], "ordinal": pa.array(ordinals, pa.int64())})
     valid_rows = [(o, f"r{o}") for o, r in zip(ordinals, reasons, strict=True) if r is None]
-    in_spark = BatchRead(slim, spark.createDataFrame(valid_rows, "ordinal BIGINT, name STRING"), len(ordinals))
-    here = BatchRead(slim, records, len(ordinals))
+    contract = RecordContract(T.StructType([T.StructField("name", T.StringType())]), 1024, 0)
+    in_spark = BatchRead(slim, spark.createDataFrame(valid_rows, "ordinal BIGINT, name STRING"), len(ordinals), contract)
+    here = BatchRead(slim, records, len(ordinals), contract)
     # Of the five valid records (r10 r1099511627776 r3 r2199023255557 r6), drop the second and the last.
     dropped = np.array([False, True, False, False, True])
     assert here.valid(dropped).to_pylist() == [{"name": "r10"}, {"name": "r3"}, {"name": f"r{2**41 + 5}"}]
