@@ -1,1 +1,1 @@
-"""Benchmarks from DESIGN.md section 10; run them with `python -m bench.run` (or `make bench`)."""
+"""Benchmarks from docs/design.md section 10; run them with `python -m bench.run` (or `make bench`)."""

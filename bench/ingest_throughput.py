@@ -1,4 +1,4 @@
-"""Exactly-once vs at-least-once ingest throughput on the same data (DESIGN.md section 10, benchmark 1).
+"""Exactly-once vs at-least-once ingest throughput on the same data (docs/design.md section 10, benchmark 1).
 
 A data set (`bench.datasets`) is written once as JSON-lines files; each run drains that file source into a fresh
 onceflow home, on one shared Spark session: `exactly_once` and `at_least_once` call `run_micro_batch` until the

@@ -1,5 +1,5 @@
 """Pub/Sub landing throughput on the emulator: publish -> landed, one pull at a time against several in flight
-(DESIGN.md section 10: "Pub/Sub landing >= 4x its 5,610 records/s of 2026-11-24").
+(docs/design.md section 10: "Pub/Sub landing >= 4x its 5,610 records/s of 2026-11-24").
 
 Google's Pub/Sub emulator is started as the project starts it, each run in a Pub/Sub project and home of its own,
 with the built-in `events` pipeline's declaration (batch bounds from the settings). A run publishes a backlog of
@@ -45,7 +45,7 @@ from onceflow.resources.lake import LakeResource
 from onceflow.resources.pubsub import PubSubClient
 from onceflow.resources.settings import load_settings
 
-BASELINE_RECORDS_PER_S = 5_610.0  # latency's drain on 2026-11-24 (DESIGN.md section 10)
+BASELINE_RECORDS_PER_S = 5_610.0  # latency's drain on 2026-11-24 (docs/design.md section 10)
 EVENTS = 50_000
 ROUNDS = 2
 WAIT_S = 300.0  # a backlog not landed by then is a failure, not a figure

@@ -1,4 +1,4 @@
-"""Latency from publish to committed raw row on the Pub/Sub emulator path, without Dagster (DESIGN.md section 10,
+"""Latency from publish to committed raw row on the Pub/Sub emulator path, without Dagster (docs/design.md section 10,
 benchmark 4).
 
 Google's Pub/Sub emulator is started as the project starts it (`onceflow.resources.emulators.pubsub`), in a project of its

@@ -1,4 +1,4 @@
-"""The peer a Spark user would pick instead of onceflow, and the floor (DESIGN.md section 10, benchmarks 3 and 5).
+"""The peer a Spark user would pick instead of onceflow, and the floor (docs/design.md section 10, benchmarks 3 and 5).
 
 Written as a competent Spark user writes them, on onceflow's benchmark session and settings, over the same
 JSON-lines files (a data set of `bench.datasets`), with the same schema: the data set's record schema, its ID

@@ -1,4 +1,4 @@
-"""What a batch of redelivered old records costs in the dedup lookup, as the raw table grows (DESIGN.md section 10:
+"""What a batch of redelivered old records costs in the dedup lookup, as the raw table grows (docs/design.md section 10:
 "flat for batches that redeliver records from anywhere in the horizon").
 
 The lookup (`onceflow.jobs.dedup.id_filters.IdFilters.seen` of the batch's fingerprints, with their hashing) is

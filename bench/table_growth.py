@@ -1,5 +1,5 @@
 """Ingest time per batch as the raw and dead-letter tables grow inside the dedup horizon, with and without the dedup
-fast path (DESIGN.md section 10, benchmark 2). The data: `bench.growth_data`.
+fast path (docs/design.md section 10, benchmark 2). The data: `bench.growth_data`.
 
 Per table size N (`--growth-rows`, default 1,000,000 and 10,000,000), on `bench.run`'s Spark session, steps 1-3
 for every size first, then steps 4-5 batch by batch across the sizes (each batch of the 1 M home beside the same

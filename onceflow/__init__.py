@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from onceflow.orchestration.component import OnceflowPipelines
     from onceflow.orchestration.definitions import definitions
 
+__version__ = "0.2.0"
+
 _PUBLIC = {
     "BigQuerySink": "onceflow.jobs.declare.declaration",
     "DeclarationError": "onceflow.jobs.declare.declaration",
@@ -54,6 +56,7 @@ __all__ = [
     "Pipeline",
     "PubSubSource",
     "WindowedOutput",
+    "__version__",
     "definitions",
 ]
 

@@ -16,6 +16,7 @@ from onceflow.resources.settings import PREFIX, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+SETTINGS_PAGE = ROOT / "docs" / "settings.md"
 PAGES = sorted((ROOT / "docs").glob("*.md"))
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 VARIABLE = re.compile(r"\b(?:ONCEFLOW|PUBSUB|BIGQUERY|STORAGE|DAGSTER)_[A-Z0-9_]*[A-Z0-9]\b")
@@ -60,7 +61,7 @@ def env_names() -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("page", [README, *PAGES], ids=lambda p: p.relative_to(ROOT).as_posix())
+@pytest.mark.parametrize("page", [README, ROOT / "CHANGELOG.md", *PAGES], ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_every_relative_link_resolves(page: Path) -> None:
     broken = []
     for target in LINK.findall(page.read_text()):
@@ -77,6 +78,14 @@ def test_every_relative_link_resolves(page: Path) -> None:
     assert not broken, f"{page.relative_to(ROOT)}: {broken}"
 
 
+def test_the_readme_is_a_newcomers_page() -> None:
+    readme = README.read_text()
+    assert len(readme) < 10_000
+    # No reference to a document the repository does not hold.
+    assert "DESIGN.md" not in readme and "../shared" not in readme
+    assert (ROOT / "LICENSE").read_text().lstrip().startswith("Apache License")
+
+
 def test_docs_has_one_page_per_stage_and_the_readme_links_each() -> None:
     names = {p.stem for p in PAGES}
     assert {"sources", "ingest", "dedup", "delta", "windows", "publish", "verify"} <= names
@@ -87,7 +96,7 @@ def test_docs_has_one_page_per_stage_and_the_readme_links_each() -> None:
 
 
 def test_runtime_knob_table_lists_every_setting_and_nothing_else() -> None:
-    knobs = section(README.read_text(), "### Runtime knobs")
+    knobs = section(SETTINGS_PAGE.read_text(), "## Runtime knobs")
     listed = {name for row in table_rows(knobs) for name in VARIABLE.findall(row[0])}
     assert listed == env_names()
 
@@ -105,7 +114,7 @@ def test_every_variable_the_docs_name_is_a_setting() -> None:
 
 
 def test_declaration_table_lists_every_field_a_pipeline_declares() -> None:
-    rows = table_rows(section(README.read_text(), "### What a pipeline declares"))
+    rows = table_rows(section(SETTINGS_PAGE.read_text(), "## What a pipeline declares"))
     listed = set()
     for row in rows:
         owner, *fields = re.findall(r"`([^`]+)`", row[0])

@@ -1,4 +1,4 @@
-"""How a record's JSON values become typed columns (DESIGN section 6a, the README's field table), type by type, at
+"""How a record's JSON values become typed columns (DESIGN section 6a, docs/records.md's field table), type by type, at
 the top level and nested: what Spark's JSON reader (`from_json` with the same schema) accepts becomes exactly its
 value; what onceflow refuses on purpose is a dead letter with its reason and the path of the failing value."""
 

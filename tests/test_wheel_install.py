@@ -19,10 +19,11 @@ from pathlib import Path
 
 import pytest
 
+import onceflow
 from onceflow.resources.spark_connect import SparkConnectServer
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGED = ("pyproject.toml", "README.md", "onceflow", "orchestration", "assets", "jobs", "resources")
+PACKAGED = ("pyproject.toml", "README.md", "LICENSE", "onceflow", "orchestration", "assets", "jobs", "resources")
 
 TOY_DEFINITIONS = '''
 import dagster as dg
@@ -82,14 +83,18 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_wheel_holds_one_import_name_and_the_java_of_its_stages(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
-    assert {n.split("/")[0] for n in names} == {"onceflow", wheel.name.split("-")[0] + "-0.1.0.dist-info"}
+    assert {n.split("/")[0] for n in names} == {"onceflow", f"onceflow-{onceflow.__version__}.dist-info"}
     # Every Java source of the checkout: the jar of onceflow's Spark functions is compiled from them where it runs.
     java = {f"onceflow/{path.relative_to(REPO).as_posix()}" for path in
             [*REPO.glob("jobs/*/*.java"), *REPO.glob("resources/*.java")]}
     assert {"onceflow/jobs/ingest/LocalProjection.java", "onceflow/resources/Py4JNoDelay.java"} <= java
     assert {*java, "onceflow/orchestration/definitions.py"} <= set(names)
-    entry_points = zipfile.ZipFile(wheel).read("onceflow-0.1.0.dist-info/entry_points.txt").decode()
+    entry_points = zipfile.ZipFile(wheel).read(f"onceflow-{onceflow.__version__}.dist-info/entry_points.txt").decode()
     assert "onceflow = onceflow.orchestration.cli.main:main" in entry_points
+    # Apache-2.0 by its SPDX expression, the license text beside it, and the types of the public API.
+    metadata = zipfile.ZipFile(wheel).read(f"onceflow-{onceflow.__version__}.dist-info/METADATA").decode()
+    assert "License-Expression: Apache-2.0" in metadata and "Classifier: Typing :: Typed" in metadata
+    assert {f"onceflow-{onceflow.__version__}.dist-info/licenses/LICENSE", "onceflow/py.typed"} <= set(names)
 
 
 def test_a_dagster_project_with_its_own_assets_and_resources_loads_beside_onceflow(
