@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import dagster as dg
@@ -82,7 +83,13 @@ def orders(**changes) -> Pipeline:
         ({"output": {"window": "7m"}}, "outputs[0] ('region_sales').window: '7m': 420s is not a window size"),
         ({"output": {"window": "30s"}}, "window: '30s': 30s is not a window size"),
         ({"output": {"window": "5h"}}, "window: '5h'"),
-        ({"output": {"allowed_lateness": "1 minute"}}, "outputs[0] ('region_sales').allowed_lateness: '1 minute'"),
+        ({"output": {"allowed_lateness": "1 minuet"}}, "outputs[0] ('region_sales').allowed_lateness: '1 minuet'"),
+        ({"output": {"allowed_lateness": timedelta(milliseconds=1500)}}, "allowed_lateness: datetime.timedelta("),
+        ({"output": {"sinks": "files"}}, "sinks[0]: str is not a sink: use FileSink or BigQuerySink"),
+        ({"output": {"keys": 5}}, "keys: 5 is not a column name"),
+        ({"schema": T.StructType()}, "schema: StructType([]) is not a record schema"),
+        ({"schema": None}, "schema: NoneType is not a schema: give Spark DDL"),
+        ({"output": {"sinks": [BigQuerySink(table="a.b.c.d")]}}, "sinks[0].project: 'a.b' is not a Google Cloud project id"),
         ({"output": {"late_policy": "keep"}}, "late_policy: 'keep' is not a late policy"),
         ({"output": {"keys": ["pane"]}}, "keys: 'pane' is a column onceflow adds itself"),
         ({"output": {"asset": "Region-Sales"}}, "asset: use lowercase letters"),
@@ -117,12 +124,47 @@ def test_a_declaration_mistake_names_the_pipeline_and_the_field(changes: dict, m
 
 def test_durations_and_window_sizes() -> None:
     assert [parse_duration(d) for d in ("30s", "5m", "1h", "1d")] == [30, 300, 3600, 86400]
+    assert [parse_duration(d) for d in ("30 seconds", "5 minutes", "1 Hour", "2 days", "10min")] == [
+        30, 300, 3600, 172800, 600]
+    assert parse_duration(timedelta(minutes=90)) == 5400
     sizes = [s for s in range(60, 86401, 60) if _is_window(s)]
     assert sizes == [60, 120, 180, 240, 300, 360, 600, 720, 900, 1200, 1800, 3600, 7200, 10800, 14400, 21600,
                      28800, 43200, 86400]
     assert [window_cron(s) for s in (60, 300, 3600, 21600, 86400)] == [
         "* * * * *", "*/5 * * * *", "0 * * * *", "0 */6 * * *", "0 0 * * *"
     ]
+
+
+def test_what_users_write_means_what_they_meant() -> None:
+    """A duration in words or as a timedelta, one key or one sink alone, a StructType schema and a qualified
+    BigQuery table are taken as meant, each stored in one form."""
+    schema = T.StructType([T.StructField("customer", T.StringType(), False),
+                           T.StructField("region", T.StringType(), False),
+                           T.StructField("amount", T.DecimalType(18, 2), False)])
+    pipeline = orders(schema=schema, dedup_horizon=timedelta(hours=12), time_bucket="1 day",
+                      output={"window": "5 minutes", "allowed_lateness": timedelta(seconds=30), "keys": "region",
+                              "sinks": BigQuerySink(table="proj-1.sales.region_sales")})
+    assert pipeline == orders(dedup_horizon="12h", time_bucket="1d", output={
+        "allowed_lateness": "30s", "sinks": [BigQuerySink(table="region_sales", dataset="sales", project="proj-1")]})
+    (output,) = pipeline.outputs
+    assert (output.window, output.window_s, output.keys) == ("5m", 300, ("region",))
+    assert pipeline.record_schema == schema
+    assert orders(outputs=WindowedOutput(asset="a", window="1h", transform=same)).outputs[0].asset == "a"
+    assert BigQuerySink(table="sales.t") == BigQuerySink(table="t", dataset="sales")
+    with pytest.raises(DeclarationError, match=r"table 'p\.sales\.t' names dataset 'sales', but dataset='other'"):
+        BigQuerySink(table="p.sales.t", dataset="other")
+
+
+def test_a_bad_window_names_its_field_once() -> None:
+    with pytest.raises(DeclarationError) as raised:
+        orders(output={"window": "7 minutes"})
+    assert str(raised.value) == (
+        "pipeline 'orders': outputs[0] ('region_sales').window: '7m': 420s is not a window size: windows are 1m to "
+        "1d, in minutes that divide an hour (1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30) or hours that divide a day "
+        "(1, 2, 3, 4, 6, 8, 12, 24)")
+    with pytest.raises(DeclarationError) as raised:
+        orders(output={"window": "5 minuets"})
+    assert str(raised.value).count("pipeline 'orders'") == 1 and str(raised.value).count(".window:") == 1
 
 
 def _is_window(seconds: int) -> bool:

@@ -16,12 +16,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
+from typing import Any, Literal, get_args
 
 from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
-from onceflow.jobs.declare.durations import check_window_size, parse_duration
-from onceflow.jobs.declare.schema import SchemaError, parse_schema
+from onceflow.jobs.declare.durations import Duration, check_window_size, normal_duration, parse_duration
+from onceflow.jobs.declare.schema import SchemaError, parse_schema, schema_ddl
 from onceflow.jobs.declare.sources import (
     IDENTIFIER,
     FileSource,
@@ -32,8 +33,6 @@ from onceflow.jobs.declare.sources import (
     checked_duration,
 )
 
-DELIVERY_MODES = ("exactly_once", "at_least_once")
-LATE_POLICIES = ("drop", "refire")
 RAW_BOOKKEEPING = ("record_id", "event_time", "payload", "source_position", "publish_time", "batch_id",
                    "ingested_at", "time_bucket")
 """Columns onceflow adds to the raw table; a schema field cannot have these names."""
@@ -44,8 +43,13 @@ WINDOW_BOOKKEEPING = ("window_start", "window_end", "raw_version", "pane", "timi
 """Columns onceflow adds to a window table; a transform cannot output these names."""
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 _BIGQUERY_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,1023}$")
+_BIGQUERY_PROJECT = re.compile(r"^(?:[a-z0-9.-]+:)?[a-z][a-z0-9-]{4,28}[a-z0-9]$")  # optionally domain-scoped
 
 Transform = Callable[[DataFrame], DataFrame]
+Delivery = Literal["exactly_once", "at_least_once"]
+LatePolicy = Literal["drop", "refire"]
+DELIVERY_MODES: tuple[str, ...] = get_args(Delivery)
+LATE_POLICIES: tuple[str, ...] = get_args(LatePolicy)
 
 
 class DeclarationError(ValueError):
@@ -61,11 +65,27 @@ class FileSink:
 
 @dataclass(frozen=True, kw_only=True)
 class BigQuerySink:
-    """Publish each final pane into the BigQuery table `table` (dataset default: `ONCEFLOW_BIGQUERY_DATASET`)."""
+    """Publish each final pane into the BigQuery table `table` (dataset default: `ONCEFLOW_BIGQUERY_DATASET`).
+
+    `table` may name its dataset and project as BigQuery writes them: `"dataset.table"`, `"project.dataset.table"`.
+    """
 
     table: str
     dataset: str | None = None
     project: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.table, str) or "." not in self.table:
+            return
+        *qualifiers, table = self.table.rsplit(".", 2)
+        named = dict(zip(("project", "dataset")[-len(qualifiers):], qualifiers, strict=True))
+        for name, value in named.items():
+            given = getattr(self, name)
+            if given is not None and given != value:
+                raise DeclarationError(f"BigQuerySink: table {self.table!r} names {name} {value!r}, but {name}="
+                                       f"{given!r} is given too: name it once")
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "table", table)
 
 
 Sink = FileSink | BigQuerySink
@@ -82,17 +102,20 @@ class WindowedOutput:
     """
 
     asset: str
-    window: str
+    window: Duration
     transform: Transform
     keys: Sequence[str] = ()
-    allowed_lateness: str = "0s"
-    late_policy: str = "drop"
+    allowed_lateness: Duration = "0s"
+    late_policy: LatePolicy = "drop"
     sinks: Sequence[Sink] = ()
     description: str | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "keys", tuple(self.keys))
-        object.__setattr__(self, "sinks", tuple(self.sinks))
+        # One key or one sink may be given alone (typed as a list): `keys="region"` is one key, never six.
+        object.__setattr__(self, "keys", _as_tuple(self.keys, str))
+        object.__setattr__(self, "sinks", _as_tuple(self.sinks, FileSink | BigQuerySink))
+        for name in ("window", "allowed_lateness"):
+            object.__setattr__(self, name, normal_duration(getattr(self, name)))
 
     @property
     def window_s(self) -> int:
@@ -123,21 +146,27 @@ class Pipeline:
 
     name: str
     source: Source
-    schema: str
+    schema: str | T.StructType
     outputs: Sequence[WindowedOutput] = ()
-    delivery: str = "exactly_once"
-    dedup_horizon: str = "1d"
-    max_clock_skew: str = "1h"
+    delivery: Delivery = "exactly_once"
+    dedup_horizon: Duration = "1d"
+    max_clock_skew: Duration = "1h"
     max_record_bytes: int = 64 * 1024
     start_date: str = "2026-11-01"
-    retention: str = "30d"
-    time_bucket: str = "1h"
-    watermark_band: str | None = None
-    watermark_idle: str | None = None
+    retention: Duration = "30d"
+    time_bucket: Duration = "1h"
+    watermark_band: Duration | None = None
+    watermark_idle: Duration | None = None
     description: str | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "outputs", tuple(self.outputs))
+        object.__setattr__(self, "outputs", _as_tuple(self.outputs, WindowedOutput))
+        if isinstance(self.schema, T.StructType) and self.schema.fields:
+            object.__setattr__(self, "schema", schema_ddl(self.schema))  # one form: the DDL the tables record
+        for name in ("dedup_horizon", "max_clock_skew", "retention", "time_bucket", "watermark_band",
+                     "watermark_idle"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, normal_duration(getattr(self, name)))
         _check_pipeline(self)
 
     @cached_property
@@ -175,6 +204,16 @@ class Pipeline:
 
     def output(self, asset: str) -> WindowedOutput:
         return next(o for o in self.outputs if o.asset == asset)
+
+
+def _as_tuple(value: Any, single: type | Any) -> tuple:
+    """`value` as a tuple: a lone `single` (or anything not iterable, for the checks to name) as one member."""
+    if isinstance(value, single):
+        return (value,)
+    try:
+        return tuple(value)
+    except TypeError:
+        return (value,)
 
 
 def _check_pipeline(p: Pipeline) -> None:
@@ -224,8 +263,9 @@ def _check_pipeline(p: Pipeline) -> None:
 def _check_output(o: WindowedOutput, where: str, fail: Callable[[str, str], None]) -> None:
     if not isinstance(o.asset, str) or not _NAME.match(o.asset):
         fail(f"{where}.asset", "use lowercase letters, digits and '_', starting with a letter")
+    seconds = checked_duration(o.window, f"{where}.window", fail)
     try:
-        check_window_size(checked_duration(o.window, f"{where}.window", fail))
+        check_window_size(seconds)
     except ValueError as error:
         fail(f"{where}.window", f"{o.window!r}: {error}")
     checked_duration(o.allowed_lateness, f"{where}.allowed_lateness", fail)
@@ -249,3 +289,5 @@ def _check_output(o: WindowedOutput, where: str, fail: Callable[[str, str], None
                 value = getattr(sink, name)
                 if value is not None and (not isinstance(value, str) or not _BIGQUERY_NAME.match(value)):
                     fail(f"{where}.sinks[{index}].{name}", f"{value!r} is not a BigQuery name")
+            if sink.project is not None and not _BIGQUERY_PROJECT.match(str(sink.project)):
+                fail(f"{where}.sinks[{index}].project", f"{sink.project!r} is not a Google Cloud project id")

@@ -1,20 +1,51 @@
-"""Durations as pipelines declare them (`"30s"`, `"5m"`, `"1h"`, `"1d"`), and the window sizes onceflow offers."""
+"""Durations as pipelines declare them (`"30s"`, `"5m"`, `"5 minutes"`, `"1h"`, `"1d"`, or a `timedelta` of whole
+seconds), and the window sizes onceflow offers."""
 
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 
-_DURATION = re.compile(r"^([0-9]+)([smhd])$")
+_UNITS = {
+    "s": ("s", "sec", "secs", "second", "seconds"),
+    "m": ("m", "min", "mins", "minute", "minutes"),
+    "h": ("h", "hr", "hrs", "hour", "hours"),
+    "d": ("d", "day", "days"),
+}
+_UNIT_OF = {spelling: unit for unit, spellings in _UNITS.items() for spelling in spellings}
+_DURATION = re.compile(r"^([0-9]+) ?([a-z]+)$")
+_SHORT = re.compile(r"^[0-9]+[smhd]$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 MINUTE, HOUR, DAY = 60, 3600, 86400
 
+Duration = str | timedelta
 
-def parse_duration(text: str) -> int:
-    """`"30s"` → 30 (seconds). Raises `ValueError` for anything but a whole number and one unit of s, m, h, d."""
-    match = _DURATION.match(text.strip()) if isinstance(text, str) else None
-    if match is None:
-        raise ValueError(f"{text!r} is not a duration: write a whole number and a unit, e.g. '30s', '5m', '1h', '1d'")
-    return int(match.group(1)) * _UNIT_S[match.group(2)]
+
+def parse_duration(value: Duration) -> int:
+    """`"30s"`, `"30 seconds"` or `timedelta(seconds=30)` → 30 (seconds). Raises `ValueError` for anything but a
+    whole number and one unit of seconds, minutes, hours or days (or a `timedelta` of whole, positive seconds)."""
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+        if seconds < 0 or seconds != int(seconds):
+            raise ValueError(f"{value!r} is not a duration: a timedelta of whole seconds, not negative")
+        return int(seconds)
+    match = _DURATION.match(value.strip().lower()) if isinstance(value, str) else None
+    if match is None or match.group(2) not in _UNIT_OF:
+        raise ValueError(f"{value!r} is not a duration: write a whole number and a unit, e.g. '30s', '5m', "
+                         "'5 minutes', '1h', '1d', or give a timedelta")
+    return int(match.group(1)) * _UNIT_S[_UNIT_OF[match.group(2)]]
+
+
+def normal_duration(value: object) -> object:
+    """`value` in the short spelling (`timedelta(minutes=5)` and `"5 minutes"` → `"5m"`; `"300s"` stays), so that
+    stored declarations and their comparisons see one form; a value that is not a duration is returned as it is,
+    for the declaration's checks to name."""
+    if isinstance(value, str) and _SHORT.match(value):
+        return value
+    try:
+        return render_duration(parse_duration(value))  # type: ignore[arg-type]
+    except ValueError:
+        return value
 
 
 def check_window_size(seconds: int) -> int:

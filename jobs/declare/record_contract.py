@@ -43,7 +43,7 @@ class RecordContract:
     @classmethod
     def of(cls, pipeline: Pipeline) -> RecordContract:
         source = pipeline.source
-        common = {
+        common: dict[str, Any] = {
             "schema": pipeline.record_schema,
             "max_record_bytes": pipeline.max_record_bytes,
             "max_clock_skew_ms": pipeline.max_clock_skew_s * 1000,

@@ -43,9 +43,17 @@ class SchemaError(ValueError):
     """A schema string that is not a record schema onceflow can validate records against."""
 
 
-def parse_schema(ddl: str) -> T.StructType:
+def parse_schema(ddl: str | T.StructType) -> T.StructType:
     """Parse `"customer STRING NOT NULL, amount DECIMAL(18,2) NOT NULL, note STRING"` into a `StructType`."""
-    if not isinstance(ddl, str) or not ddl.strip():
+    if isinstance(ddl, T.StructType) and ddl.fields:
+        ddl = schema_ddl(ddl)
+    if isinstance(ddl, T.StructField | T.DataType):
+        raise SchemaError(f"{ddl!r} is not a record schema: give a StructType of at least one field, or DDL such as "
+                          "\"key STRING NOT NULL\"")
+    if not isinstance(ddl, str):
+        raise SchemaError(f"{type(ddl).__name__} is not a schema: give Spark DDL (\"key STRING NOT NULL, n BIGINT\") "
+                          "or a StructType")
+    if not ddl.strip():
         raise SchemaError("the schema is empty: declare at least one field, e.g. \"key STRING NOT NULL\"")
     tokens = _tokens(ddl)
     parser = _Parser(tokens, ddl)
@@ -55,6 +63,29 @@ def parse_schema(ddl: str) -> T.StructType:
     parser.end()
     _distinct(fields, "")
     return T.StructType(fields)
+
+
+def schema_ddl(schema: T.StructType) -> str:
+    """A `StructType` as the DDL `parse_schema` reads (`"customer STRING NOT NULL, amount DECIMAL(18,2)"`)."""
+    return ", ".join(f"{_name(f.name)} {_declared(f.dataType)}{'' if f.nullable else ' NOT NULL'}"
+                     for f in schema.fields)
+
+
+def _name(name: str) -> str:
+    # Quoted only when it must be, so that the parser names a field it refuses as it was spelled.
+    return name if re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name) else quoted(name)
+
+
+def _declared(data_type: T.DataType) -> str:
+    if isinstance(data_type, T.StructType):
+        fields = (f"{_name(f.name)}: {_declared(f.dataType)}{'' if f.nullable else ' NOT NULL'}"
+                  for f in data_type.fields)
+        return f"STRUCT<{', '.join(fields)}>"
+    if isinstance(data_type, T.ArrayType):
+        return f"ARRAY<{_declared(data_type.elementType)}>"
+    if isinstance(data_type, T.MapType):
+        return f"MAP<{_declared(data_type.keyType)}, {_declared(data_type.valueType)}>"
+    return data_type.simpleString().upper()
 
 
 def _distinct(fields: list[T.StructField], where: str) -> None:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal, get_args
 
 from pyspark.sql import types as T
 
-from onceflow.jobs.declare.durations import parse_duration
+from onceflow.jobs.declare.durations import Duration, normal_duration, parse_duration
 
 COMPRESSED = (".gz", ".bz2", ".deflate", ".lz4", ".snappy", ".zst", ".zstd", ".xz", ".br", ".zip")
 """File suffixes Spark would decompress; a `FileSource` reads its files' bytes as they are."""
@@ -66,13 +66,17 @@ class FileSource:
     timestamp_field: str
     pattern: str = "*.jsonl"
     id_field: str | None = None
-    out_of_orderness: str = "30s"
+    out_of_orderness: Duration = "30s"
     max_files: int | None = None
     max_bytes: int = 256 * 1024 * 1024
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "out_of_orderness", normal_duration(self.out_of_orderness))
+
 
 _KAFKA_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
-LOST_RECORDS = ("fail", "dead_letter")
+LostRecords = Literal["fail", "dead_letter"]
+LOST_RECORDS: tuple[str, ...] = get_args(LostRecords)
 KAFKA_OWNED_OPTIONS = frozenset({
     "bootstrap.servers", "group.id", "enable.auto.commit", "auto.offset.reset", "key.deserializer",
     "value.deserializer", "enable.partition.eof",
@@ -108,11 +112,14 @@ class KafkaSource:
     id_header: str | None = None
     id_field: str | None = None
     timestamp_field: str | None = None
-    out_of_orderness: str = "30s"
-    starting_offsets: str = "earliest"
+    out_of_orderness: Duration = "30s"
+    starting_offsets: Literal["earliest", "latest"] = "earliest"
     max_records: int | None = None
-    on_lost_records: str = "fail"
+    on_lost_records: LostRecords = "fail"
     options: Mapping[str, Any] = field(default_factory=dict, hash=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "out_of_orderness", normal_duration(self.out_of_orderness))
 
     @property
     def servers(self) -> str:
