@@ -23,7 +23,8 @@ from onceflow.jobs.ingest.micro_batch import run_micro_batch
 from onceflow.jobs.ingest_job import raw_asset_key
 from onceflow.jobs.sources.kafka_reader import KafkaRecordsLost
 from onceflow.jobs.sources.reader import SourceRuntime, open_source
-from onceflow.orchestration.cli.status import source_lines, verify
+from onceflow.orchestration.cli.status import source_lines
+from onceflow.orchestration.cli.verify import verify
 from onceflow.orchestration.pipelines import resolve
 from onceflow.orchestration.sensors.micro_batch import build_micro_batch_sensor
 from onceflow.resources.emulators.kafka import KafkaBroker

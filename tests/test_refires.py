@@ -21,7 +21,7 @@ from onceflow.jobs.publish.step import CommitContext
 from onceflow.jobs.sources.reader import open_source
 from onceflow.jobs.windows.panes import CloseStore, PaneClose, Window
 from onceflow.jobs.windows.transform import materialize_windows
-from onceflow.orchestration.cli.status import verify
+from onceflow.orchestration.cli.verify import verify
 from onceflow.orchestration.sensors.window import MAX_REQUESTS, build_window_sensor
 from onceflow.orchestration.workload import Event
 from onceflow.resources.lake import LakeResource

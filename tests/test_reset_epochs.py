@@ -19,7 +19,7 @@ from onceflow.jobs.windows.checks import duplicate_record_ids, output_mismatches
 from onceflow.jobs.windows.panes import CloseStore, Window
 from onceflow.jobs.windows.transform import WindowResult, materialize_windows
 from onceflow.orchestration.cli.reset import cmd_reset
-from onceflow.orchestration.cli.status import verify
+from onceflow.orchestration.cli.verify import verify
 from onceflow.orchestration.sensors.window import build_window_sensor
 from onceflow.resources.lake import LakeResource
 from tests.delta_reader import read_rows, transaction_version

@@ -17,7 +17,7 @@ from onceflow.jobs.publish.step import CommitContext
 from onceflow.jobs.sources.reader import open_source
 from onceflow.jobs.windows.panes import CloseStore, Window
 from onceflow.jobs.windows.transform import materialize_windows
-from onceflow.orchestration.cli.status import verify
+from onceflow.orchestration.cli.verify import verify
 from onceflow.orchestration.workload import MALFORMED, Event
 from onceflow.resources.lake import LakeResource
 from tests.pipelines import drain

@@ -19,7 +19,7 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from onceflow.jobs.verify.tables import epoch_ms
-from onceflow.orchestration.cli.status import verify
+from onceflow.orchestration.cli.verify import verify
 from onceflow.orchestration.pipelines import resolve
 from onceflow.resources.emulators.kafka import KafkaBroker
 from onceflow.resources.lake import LakeResource
@@ -62,6 +62,30 @@ def test_verify_reads_microsecond_event_times_and_exits_0(files_home: Path) -> N
     done = onceflow_cli(["verify"])
     assert done.returncode == 0, done.stdout + done.stderr
     assert "events: exactly-once holds" in done.stdout and "Traceback" not in done.stderr
+
+
+def test_status_and_verify_speak_json_for_the_pipelines_named(files_home: Path, home: Path) -> None:
+    status = onceflow_cli(["status", "--json", "--pipeline", "events"])
+    assert status.returncode == 0, status.stderr
+    (events,) = json.loads(status.stdout)["pipelines"]
+    assert (events["pipeline"], events["source"], events["committed_batch"]) == ("events", "events/files", 2)
+    assert events["totals"]["inserted"] == 60 and events["totals"]["duplicates"] == 2
+    assert [o["asset"] for o in events["outputs"]] == ["event_counts"]
+
+    DeltaTable(str(home / "lake" / "raw" / "events")).delete("record_id = 'b7'")
+    done = onceflow_cli(["verify", "--json", "--pipeline", "events"])
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    assert report["holds"] is False and [p["pipeline"] for p in report["pipelines"]] == ["events"]
+    (verdict,) = report["pipelines"]
+    assert verdict["lost"] == {"count": 1, "ids": ["b7"]} and verdict["doubled_raw"]["count"] == 0
+    windows = verdict["outputs"]["event_counts"]
+    assert sum(w["received"] for w in windows) == 62 and sum(w["inserted"] for w in windows) == 59
+    assert sum(w["duplicates"] for w in windows) == 2
+
+    for command in ("status", "verify"):
+        unknown = onceflow_cli([command, "--pipeline", "nope"])
+        assert unknown.returncode == 2 and "no pipeline 'nope': the pipelines are events" in unknown.stderr
 
 
 def test_verify_checks_archived_files_from_their_manifests_and_still_finds_a_loss(

@@ -74,7 +74,7 @@ def run_streaming(
     from onceflow.jobs.publish.commit_store import CommitStore
     from onceflow.jobs.sources.reader import open_source, source_watermark_ms
     from onceflow.jobs.verify.reconcile import render
-    from onceflow.orchestration.cli.status import reconcile_pipeline
+    from onceflow.orchestration.cli.verify import reconcile_pipeline
     from onceflow.orchestration.deployments import resources_for
     from onceflow.orchestration.local_stack import PROFILES, local_stack
     from onceflow.orchestration.pipelines import load_pipelines

@@ -1,43 +1,33 @@
-"""`onceflow status` and `onceflow verify`.
+"""`onceflow status`, and the commands `status` and `verify`.
 
 `status` reads only onceflow's own state (checkpoints, pane closes, commit sequences), so it answers in a moment
 and needs no Spark: per source its watermark, lag, last batch and backlog; per window its newest pane and whether
-it is published; commit sequences pending or quarantined. `verify` runs the reconciliation (`onceflow.jobs.verify.reconcile`) with
-Spark and exits non-zero on any mismatch.
+it is published; commit sequences pending or quarantined. `--json` gives the same as one document, `--pipeline`
+limits it to the pipelines named. `verify` is `onceflow.orchestration.cli.verify`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import Any
 
 from onceflow.jobs.declare.declaration import Pipeline, WindowedOutput
 from onceflow.jobs.publish.commit_store import CommitStore
 from onceflow.jobs.publish.sequence import sequence_id
-from onceflow.jobs.publish.sinks import files_root
-from onceflow.jobs.sources.checkpoint import EpochStore, SourceCheckpoint
+from onceflow.jobs.sources.checkpoint import SourceCheckpoint
 from onceflow.jobs.sources.reader import SourceRuntime, open_source, source_watermark_ms
-from onceflow.jobs.verify.landed import landed_records
-from onceflow.jobs.verify.reconcile import (
-    SourceReconciliation,
-    WindowReconciliation,
-    reconcile,
-    reconcile_source,
-    render,
-)
 from onceflow.jobs.windows.panes import CloseStore, Window
 from onceflow.orchestration.cli.commits import describe
+from onceflow.orchestration.cli.verify import UnknownPipeline, add_selection, cmd_verify, selected
 from onceflow.orchestration.deployments import resources_for
 from onceflow.orchestration.pipelines import load_pipelines
 from onceflow.orchestration.sensors.window import final_pane_committed
 from onceflow.resources.lake import LakeResource
 from onceflow.resources.settings import load_settings
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
 
 
 def _iso(ms: int | None) -> str:
@@ -51,15 +41,33 @@ def backlog(source: SourceRuntime) -> str:
         return f"unknown ({type(error).__name__})"
 
 
-def source_lines(source: SourceRuntime) -> list[str]:
+def source_status(source: SourceRuntime) -> dict[str, Any]:
+    """A source's state as `status --json` gives it: watermark (epoch ms) and its lag, the last batch, backlog,
+    the checkpoint's totals."""
     checkpoint = source.checkpoints.load()
     watermark = source_watermark_ms(checkpoint)
-    lag = "-" if watermark is None else f"{time.time() - watermark / 1000:.1f}s"
-    totals = ", ".join(f"{k} {v}" for k, v in sorted(checkpoint.totals.items())) or "-"
+    return {
+        "source": source.pipeline.source_id,
+        "watermark_ms": watermark,
+        "lag_s": None if watermark is None else round(time.time() - watermark / 1000, 1),
+        "committed_batch": checkpoint.committed_batch,
+        "updated_at_ms": checkpoint.updated_at_ms,
+        "backlog": backlog(source),
+        "totals": dict(sorted(checkpoint.totals.items())),
+    }
+
+
+def source_lines(source: SourceRuntime) -> list[str]:
+    return _source_text(source_status(source))
+
+
+def _source_text(doc: dict[str, Any]) -> list[str]:
+    lag = "-" if doc["lag_s"] is None else f"{doc['lag_s']:.1f}s"
+    totals = ", ".join(f"{k} {v}" for k, v in doc["totals"].items()) or "-"
     return [
-        f"source {source.pipeline.source_id}",
-        f"  watermark {_iso(watermark)} (lag {lag}); last batch {checkpoint.committed_batch} at "
-        f"{_iso(checkpoint.updated_at_ms)}; backlog {backlog(source)}",
+        f"source {doc['source']}",
+        f"  watermark {_iso(doc['watermark_ms'])} (lag {lag}); last batch {doc['committed_batch']} at "
+        f"{_iso(doc['updated_at_ms'])}; backlog {doc['backlog']}",
         f"  totals: {totals}",
     ]
 
@@ -84,100 +92,79 @@ def waiting_windows(
     return waiting
 
 
-def window_lines(
+def window_status(
     output: WindowedOutput, checkpoint: SourceCheckpoint, lake: LakeResource, commits: CommitStore, limit: int = 20
-) -> list[str]:
+) -> dict[str, Any]:
+    """An output's windows: how many closed, those still waiting for a final pane, the newest `limit` panes."""
     closes = CloseStore(lake.panes(), output.asset)
     windows = closes.windows(output.window_s)
-    newest = f" (newest {limit})" if len(windows) > limit else ""
-    lines = [f"asset {output.asset}: {len(windows)} closed windows{newest}"]
-    waiting = waiting_windows(output, checkpoint, closes, commits)
-    if waiting:
-        lines.append(f"  waiting for a committed final pane: {len(waiting)} windows: {', '.join(waiting[:10])}")
+    newest = []
     for window in windows[-limit:]:
         close = closes.latest(window)
         if close is None:
             continue
         seq = sequence_id(output.asset, window.key, close.pane)
         state = commits.state(seq).status if commits.get(seq) is not None else "not written"
+        newest.append({"window": window.key, "pane": close.pane, "timing": close.timing,
+                       "raw_version": close.raw_version, "publication": state})
+    return {"asset": output.asset, "closed_windows": len(windows), "limit": limit,
+            "waiting": waiting_windows(output, checkpoint, closes, commits), "newest": newest}
+
+
+def _window_text(doc: dict[str, Any]) -> list[str]:
+    newest = f" (newest {doc['limit']})" if doc["closed_windows"] > doc["limit"] else ""
+    lines = [f"asset {doc['asset']}: {doc['closed_windows']} closed windows{newest}"]
+    if doc["waiting"]:
+        lines.append(f"  waiting for a committed final pane: {len(doc['waiting'])} windows: "
+                     f"{', '.join(doc['waiting'][:10])}")
+    for pane in doc["newest"]:
+        state = pane["publication"]
         published = "published" if state == "done" else f"publication {state}"
-        lines.append(f"  {window.key}  pane {close.pane} ({close.timing}) at raw v{close.raw_version}  {published}")
+        lines.append(f"  {pane['window']}  pane {pane['pane']} ({pane['timing']}) at raw v{pane['raw_version']}  "
+                     f"{published}")
     return lines
 
 
-def cmd_status(_: argparse.Namespace) -> int:
-    settings = load_settings()
-    resources = resources_for(settings)
+def status_document(pipelines: list[Pipeline], resources: dict[str, Any]) -> dict[str, Any]:
     lake: LakeResource = resources["lake"]
     commits = CommitStore(lake.commits())
-    lines = [f"onceflow home {lake.home}"]
-    for pipeline in load_pipelines(settings):
+    sources = []
+    for pipeline in pipelines:
         source = open_source(pipeline, lake, resources["pubsub"].client)
-        lines += source_lines(source)
-        for output in pipeline.outputs:
-            lines += window_lines(output, source.checkpoints.load(), lake, commits)
+        checkpoint = source.checkpoints.load()
+        sources.append({"pipeline": pipeline.name, **source_status(source),
+                        "outputs": [window_status(o, checkpoint, lake, commits) for o in pipeline.outputs]})
     pending, quarantined = commits.unfinished(), commits.quarantined()
-    lines.append(f"commit sequences: {len(pending)} pending, {len(quarantined)} quarantined")
-    lines += ["  " + describe(commits.state(s)).replace("\n", "\n  ") for s in quarantined + pending]
+    return {"home": lake.home, "pipelines": sources, "commits": {
+        "pending": pending, "quarantined": quarantined,
+        "described": [describe(commits.state(s)) for s in quarantined + pending]}}
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    settings = load_settings()
+    try:
+        pipelines = selected(load_pipelines(settings), args.pipeline)
+    except UnknownPipeline as error:
+        print(f"onceflow status: {error}", file=sys.stderr)
+        return 2
+    doc = status_document(pipelines, resources_for(settings))
+    if args.json:
+        print(json.dumps(doc, indent=2, default=str))
+        return 0
+    lines = [f"onceflow home {doc['home']}"]
+    for source in doc["pipelines"]:
+        lines += _source_text(source)
+        for output in source["outputs"]:
+            lines += _window_text(output)
+    commits = doc["commits"]
+    lines.append(f"commit sequences: {len(commits['pending'])} pending, {len(commits['quarantined'])} quarantined")
+    lines += ["  " + text.replace("\n", "\n  ") for text in commits["described"]]
     print("\n".join(lines))
     return 0
 
 
-def reconcile_pipeline(
-    spark: SparkSession, pipeline: Pipeline, lake: LakeResource
-) -> tuple[SourceReconciliation, dict[str, list[WindowReconciliation]]]:
-    """The reconciliation of a pipeline: its source's, and every output's per window (see `onceflow.jobs.verify.reconcile`)."""
-    source = open_source(pipeline, lake)  # landed batches only: the source itself is not read
-    epochs = range(EpochStore(lake.epochs()).current(pipeline.name))
-    landed = landed_records(*(open_source(pipeline, lake, epoch=e) for e in epochs), source)
-    commits = CommitStore(lake.commits())
-    outputs = {
-        output.asset: reconcile(
-            spark, source, output, CloseStore(lake.panes(), output.asset), commits, lake.table_path(output.table),
-            files_root(output, lake.sink_root(), lake.staging_root()), landed.records,
-        )
-        for output in pipeline.outputs
-    }
-    return reconcile_source(source, landed), outputs
-
-
-def verify(spark: SparkSession, pipelines: list[Pipeline], lake: LakeResource) -> bool:
-    """Print the reconciliation of every pipeline, each with a verdict of its own; True when exactly-once held
-    everywhere."""
-    held_everywhere = True
-    for pipeline in pipelines:
-        source, outputs = reconcile_pipeline(spark, pipeline, lake)
-        for problem, ids in (("lost (landed, held nowhere)", source.lost), ("twice in raw", source.doubled_raw),
-                             ("twice in the dead letters", source.doubled_dead)):
-            if ids:
-                print(f"{pipeline.name}: {len(ids)} record IDs {problem}: {', '.join(ids[:10])}")
-        for line in [*source.metric_mismatches, *source.notes]:
-            print(f"{pipeline.name}: {line}")
-        held = source.ok
-        for asset, rows in outputs.items():
-            print(f"{pipeline.name} {asset}: received = inserted + duplicates + late + dead-lettered, per window")
-            print(render(rows))
-            bad = [r.window for r in rows if not r.ok]
-            held = held and not bad
-            print(f"{pipeline.name} {asset}: {'MISMATCH in ' + ', '.join(bad) if bad else 'windows reconcile'}")
-        print(f"{pipeline.name}: {'exactly-once holds' if held else 'exactly-once VIOLATED'}")
-        held_everywhere = held_everywhere and held
-    return held_everywhere
-
-
-def cmd_verify(_: argparse.Namespace) -> int:
-    """Exit 0 when exactly-once held, 1 on a mismatch, 2 on an error (named on stderr): never a traceback for what
-    the tables or the sources hold."""
-    try:
-        settings = load_settings()
-        resources = resources_for(settings)
-        ok = verify(resources["spark"].get_session(), load_pipelines(settings), resources["lake"])
-    except Exception as error:
-        print(f"onceflow verify: could not reconcile: {type(error).__name__}: {error}", file=sys.stderr)
-        return 2
-    return 0 if ok else 1
-
-
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    sub.add_parser("status", help="sources, watermarks, windows, commit sequences").set_defaults(func=cmd_status)
-    sub.add_parser("verify", help="the reconciliation; non-zero exit on a mismatch").set_defaults(func=cmd_verify)
+    add_selection(sub.add_parser("status", help="sources, watermarks, windows, commit sequences")).set_defaults(
+        func=cmd_status)
+    add_selection(sub.add_parser("verify", help="the reconciliation; exit 1 on a mismatch, 2 on an error")
+                  ).set_defaults(func=cmd_verify)

@@ -43,7 +43,7 @@ from onceflow.jobs.publish.sequence import sequence_id
 from onceflow.jobs.sources.reader import open_source
 from onceflow.jobs.verify.reconcile import canonical_row, render
 from onceflow.jobs.windows.panes import CloseStore, Window
-from onceflow.orchestration.cli.status import reconcile_pipeline
+from onceflow.orchestration.cli.verify import reconcile_pipeline
 from onceflow.orchestration.deployments import resources_for
 from onceflow.orchestration.local_stack import PROFILES, LocalStack, local_stack
 from onceflow.orchestration.pipelines import load_pipelines

@@ -1,0 +1,141 @@
+"""`onceflow verify`: the reconciliation (`onceflow.jobs.verify.reconcile`) of each pipeline, with Spark, and a
+verdict of its own per pipeline. Exit 0 when exactly-once held, 1 on a mismatch, 2 on an error named on stderr:
+never a traceback for what the tables or the sources hold. `--json` prints one document instead of the text,
+`--pipeline` limits it to the pipelines named."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from typing import TYPE_CHECKING, Any
+
+from onceflow.jobs.declare.declaration import Pipeline
+from onceflow.jobs.publish.commit_store import CommitStore
+from onceflow.jobs.publish.sinks import files_root
+from onceflow.jobs.sources.checkpoint import EpochStore
+from onceflow.jobs.sources.reader import open_source
+from onceflow.jobs.verify.landed import landed_records
+from onceflow.jobs.verify.reconcile import (
+    SourceReconciliation,
+    WindowReconciliation,
+    reconcile,
+    reconcile_source,
+    render,
+)
+from onceflow.jobs.windows.panes import CloseStore
+from onceflow.orchestration.deployments import resources_for
+from onceflow.orchestration.pipelines import load_pipelines
+from onceflow.resources.lake import LakeResource
+from onceflow.resources.settings import load_settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+SAMPLE = 10  # IDs named per problem; the count is always whole
+
+
+class UnknownPipeline(ValueError):
+    """`--pipeline` names a pipeline the code location does not declare."""
+
+
+def selected(pipelines: list[Pipeline], names: list[str] | None) -> list[Pipeline]:
+    """The pipelines `names` (every one when None), in declaration order; an unknown name is `UnknownPipeline`."""
+    if not names:
+        return pipelines
+    known = {p.name for p in pipelines}
+    unknown = sorted(set(names) - known)
+    if unknown:
+        raise UnknownPipeline(f"no pipeline {', '.join(map(repr, unknown))}: the pipelines are "
+                              f"{', '.join(sorted(known)) or 'none'}")
+    return [p for p in pipelines if p.name in names]
+
+
+def reconcile_pipeline(
+    spark: SparkSession, pipeline: Pipeline, lake: LakeResource
+) -> tuple[SourceReconciliation, dict[str, list[WindowReconciliation]]]:
+    """The reconciliation of a pipeline: its source's, and every output's per window."""
+    source = open_source(pipeline, lake)  # landed batches only: the source itself is not read
+    epochs = range(EpochStore(lake.epochs()).current(pipeline.name))
+    landed = landed_records(*(open_source(pipeline, lake, epoch=e) for e in epochs), source)
+    commits = CommitStore(lake.commits())
+    outputs = {
+        output.asset: reconcile(
+            spark, source, output, CloseStore(lake.panes(), output.asset), commits, lake.table_path(output.table),
+            files_root(output, lake.sink_root(), lake.staging_root()), landed.records,
+        )
+        for output in pipeline.outputs
+    }
+    return reconcile_source(source, landed), outputs
+
+
+def _problems(source: SourceReconciliation) -> list[tuple[str, str, list[str]]]:
+    """(JSON key, what the text says, the IDs) of each way a record can break exactly-once."""
+    return [("lost", "lost (landed, held nowhere)", source.lost), ("doubled_raw", "twice in raw", source.doubled_raw),
+            ("doubled_dead_letters", "twice in the dead letters", source.doubled_dead)]
+
+
+def pipeline_document(
+    name: str, source: SourceReconciliation, outputs: dict[str, list[WindowReconciliation]]
+) -> dict[str, Any]:
+    """One pipeline's verdict as JSON: each problem's count and first IDs, every window's account."""
+    problems = {key: {"count": len(ids), "ids": ids[:SAMPLE]} for key, _, ids in _problems(source)}
+    windows = {asset: [{**dataclasses.asdict(r), "ok": r.ok} for r in rows] for asset, rows in outputs.items()}
+    holds = source.ok and all(r.ok for rows in outputs.values() for r in rows)
+    return {"pipeline": name, "holds": holds, **problems, "metric_mismatches": source.metric_mismatches,
+            "notes": source.notes, "outputs": windows}
+
+
+def print_pipeline(name: str, source: SourceReconciliation, outputs: dict[str, list[WindowReconciliation]]) -> bool:
+    """Print one pipeline's reconciliation and its verdict; True when exactly-once held for it."""
+    for _, problem, ids in _problems(source):
+        if ids:
+            print(f"{name}: {len(ids)} record IDs {problem}: {', '.join(ids[:SAMPLE])}")
+    for line in [*source.metric_mismatches, *source.notes]:
+        print(f"{name}: {line}")
+    held = source.ok
+    for asset, rows in outputs.items():
+        print(f"{name} {asset}: received = inserted + duplicates + late + dead-lettered, per window")
+        print(render(rows))
+        bad = [r.window for r in rows if not r.ok]
+        held = held and not bad
+        print(f"{name} {asset}: {'MISMATCH in ' + ', '.join(bad) if bad else 'windows reconcile'}")
+    print(f"{name}: {'exactly-once holds' if held else 'exactly-once VIOLATED'}")
+    return held
+
+
+def verify(spark: SparkSession, pipelines: list[Pipeline], lake: LakeResource, as_json: bool = False) -> bool:
+    """Print the reconciliation of every pipeline, each with a verdict of its own (as text, or one JSON document);
+    True when exactly-once held everywhere."""
+    documents, held_everywhere = [], True
+    for pipeline in pipelines:
+        source, outputs = reconcile_pipeline(spark, pipeline, lake)
+        if as_json:
+            documents.append(pipeline_document(pipeline.name, source, outputs))
+            held = documents[-1]["holds"]
+        else:
+            held = print_pipeline(pipeline.name, source, outputs)
+        held_everywhere = held_everywhere and held
+    if as_json:
+        print(json.dumps({"home": lake.home, "holds": held_everywhere, "pipelines": documents}, indent=2))
+    return held_everywhere
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    try:
+        settings = load_settings()
+        pipelines = selected(load_pipelines(settings), args.pipeline)
+        resources = resources_for(settings)
+        ok = verify(resources["spark"].get_session(), pipelines, resources["lake"], as_json=args.json)
+    except Exception as error:
+        print(f"onceflow verify: could not reconcile: {type(error).__name__}: {error}", file=sys.stderr)
+        return 2
+    return 0 if ok else 1
+
+
+def add_selection(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """`--pipeline NAME` (repeatable) and `--json`, as `status` and `verify` take them."""
+    parser.add_argument("--pipeline", action="append", metavar="NAME", help="only this pipeline (repeatable)")
+    parser.add_argument("--json", action="store_true", help="one JSON document instead of text")
+    return parser
