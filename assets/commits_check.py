@@ -57,8 +57,8 @@ def build_commits_check(asset: str) -> dg.AssetChecksDefinition:
         # After the other steps of a run (the window step, whose publishing can quarantine a sequence).
         tags={"dagster/priority": "-1"},
     )
-    def commits_not_quarantined(lake: LakeResource) -> dg.AssetCheckResult:
-        evaluation = quarantine_evaluation(CommitStore(lake.commits()), asset)
+    def commits_not_quarantined(onceflow_lake: LakeResource) -> dg.AssetCheckResult:
+        evaluation = quarantine_evaluation(CommitStore(onceflow_lake.commits()), asset)
         return dg.AssetCheckResult(
             passed=evaluation.passed, severity=evaluation.severity, metadata=evaluation.metadata
         )

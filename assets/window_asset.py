@@ -19,6 +19,7 @@ from onceflow.jobs.ingest_job import raw_asset_key
 from onceflow.jobs.publish.sinks import output_sinks, publish_closed
 from onceflow.jobs.run_worker import record_worker
 from onceflow.jobs.sources.reader import open_source, source_watermark_ms
+from onceflow.jobs.table_metadata import table_metadata
 from onceflow.jobs.windows.checks import duplicate_record_ids, output_mismatches, unaccounted_late
 from onceflow.jobs.windows.panes import PARTITION_FORMAT, CloseStore, Window
 from onceflow.jobs.windows.pinned_input import PinnedInputExpired
@@ -53,6 +54,7 @@ def window_metadata(result: WindowResult, published: str) -> dict[str, Any]:
         "raw_version": result.raw_version,
         "records": result.records,
         "keys": result.rows,
+        "dagster/row_count": result.rows,  # the partition's rows: one per key
         "late_records": result.late,
         "latest_raw_version": result.latest_raw_version,
         "published": published,
@@ -97,10 +99,14 @@ def build_window_asset(
         freshness_policy=freshness_policy,
     )
     def window_asset(
-        context: dg.AssetExecutionContext, spark: SparkResource, lake: LakeResource, bigquery: BigQueryResource
+        context: dg.AssetExecutionContext,
+        onceflow_spark: SparkResource,
+        onceflow_lake: LakeResource,
+        onceflow_bigquery: BigQueryResource,
     ):
         record_worker(context)
-        session = spark.get_session()
+        session = onceflow_spark.get_session()
+        lake = onceflow_lake
         raw_path, windows_path = lake.table_path(pipeline.raw_table), lake.table_path(output.table)
         watermark = source_watermark_ms(open_source(pipeline, lake).checkpoints.load())
         closes = CloseStore(lake.panes(), output.asset)
@@ -111,10 +117,11 @@ def build_window_asset(
         except WindowsExpired as error:
             results, expired = error.results, error
 
-        sinks = output_sinks(output, lake.sink_root(), lake.staging_root(), _bigquery_project(output, bigquery))
+        sinks = output_sinks(output, lake.sink_root(), lake.staging_root(), _bigquery_project(output, onceflow_bigquery))
         run = context.run
-        commits = publish_closed(session, commit_context(lake, bigquery), output, sinks, windows_path, results,
-                                 run.run_id, run.root_run_id or run.run_id)
+        commits = publish_closed(session, commit_context(lake, onceflow_bigquery), output, sinks, windows_path,
+                                 results, run.run_id, run.root_run_id or run.run_id)
+        table = table_metadata(windows_path, output.table)
         for result in results:
             commit = commits.get(result.window.key)
             if commit is not None and commit.error:
@@ -124,11 +131,11 @@ def build_window_asset(
                 f"{result.raw_version}: {result.records} records, {result.rows} rows, {result.late} late"
             )
             published = commit.outcome if commit is not None else "not closed"
+            metadata = {**window_metadata(result, published), **table}
             if expired is None:
-                context.add_asset_metadata(window_metadata(result, published), partition_key=result.window.key)
+                context.add_asset_metadata(metadata, partition_key=result.window.key)
             else:  # the run fails for the expired windows: the others are recorded one by one
-                yield dg.AssetMaterialization(key, partition=result.window.key,
-                                              metadata=window_metadata(result, published))
+                yield dg.AssetMaterialization(key, partition=result.window.key, metadata=metadata)
         if expired is not None:
             raise PinnedInputExpired(str(expired)) from None  # its message names every expired window
 

@@ -28,6 +28,7 @@ from onceflow.jobs.declare.declaration import Pipeline
 from onceflow.jobs.ingest.micro_batch import run_micro_batch
 from onceflow.jobs.ingest_job import build_ingest_job
 from onceflow.jobs.sources.reader import open_source
+from onceflow.orchestration.deployments import LAKE, PUBSUB, SPARK
 from onceflow.resources.delta_storage import delta_table
 from onceflow.resources.lake import LakeResource
 from onceflow.resources.pubsub import PubSubResource
@@ -163,8 +164,8 @@ def _drain_by_job(pipeline: Pipeline, lake: LakeResource, work: Path, records: i
     materialization records it; the batches are the materializations' figures."""
     job = build_ingest_job(pipeline, run_s=WORKER_RUN_S)
     settings = load_settings()  # the engine a run gets: this session's, or its Spark Connect server (`--engine`)
-    resources = {"spark": SparkResource(master=settings.spark_master, remote=settings.spark_remote), "lake": lake,
-                 "pubsub": PubSubResource()}
+    resources = {SPARK: SparkResource(master=settings.spark_master, remote=settings.spark_remote), LAKE: lake,
+                 PUBSUB: PubSubResource()}
     batches: list[Batch] = []
     with (tempfile.TemporaryDirectory(prefix="dagster-", dir=work) as dagster_home,
           dg.DagsterInstance.local_temp(dagster_home) as instance):

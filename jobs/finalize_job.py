@@ -34,12 +34,16 @@ def finalize_run_config(sequence_id: str) -> dict:
 
 @dg.op(pool=COMMITS_POOL)
 def finalize_sequence(
-    context: dg.OpExecutionContext, config: FinalizeConfig, lake: LakeResource, bigquery: BigQueryResource
+    context: dg.OpExecutionContext,
+    config: FinalizeConfig,
+    onceflow_lake: LakeResource,
+    onceflow_bigquery: BigQueryResource,
 ) -> None:
     record_worker(context)
     run = context.run
     result = run_sequence(
-        commit_context(lake, bigquery), config.sequence_id, run.run_id, run.root_run_id or run.run_id
+        commit_context(onceflow_lake, onceflow_bigquery), config.sequence_id, run.run_id,
+        run.root_run_id or run.run_id,
     )
     context.log.info(
         f"commit sequence {result.sequence_id}: {result.outcome} (attempt {result.attempt}; executed steps "

@@ -28,6 +28,7 @@ from onceflow.jobs.ingest.result import IngestResult
 from onceflow.jobs.run_relay import Turn, keep_going, plan_end, release, take_turn
 from onceflow.jobs.run_worker import START_TIMEOUT_S, record_worker
 from onceflow.jobs.sources.reader import SourceRuntime, open_source
+from onceflow.jobs.table_metadata import row_count
 from onceflow.resources.faults import fault_point
 from onceflow.resources.lake import LakeResource
 from onceflow.resources.pubsub import PubSubResource
@@ -90,13 +91,17 @@ def build_ingest_job(
     # start while the current one still takes batches.
     @dg.op(name=f"micro_batch_{pipeline.name}")
     def micro_batch(
-        context: dg.OpExecutionContext, spark: SparkResource, lake: LakeResource, pubsub: PubSubResource
+        context: dg.OpExecutionContext,
+        onceflow_spark: SparkResource,
+        onceflow_lake: LakeResource,
+        onceflow_pubsub: PubSubResource,
     ) -> None:
         fault_point("run.before_work")
         record_worker(context)
-        source, tags = open_source(pipeline, lake, pubsub.client), source_tag(pipeline)
+        source, tags = open_source(pipeline, onceflow_lake, onceflow_pubsub.client), source_tag(pipeline)
         # A classic session lives as long as the run's process: built once (building it again took 12 ms a batch).
         # A Connect engine may restart under a run: asked for each batch, the session starts anew on the new one.
+        spark = onceflow_spark
         get_spark = spark.get_session if spark.remote else functools.cache(spark.get_session)
         turn = take_turn(context.instance, context.run_id, tags, warm=lambda: warm_up(get_spark, source),
                          start_timeout_s=start_timeout_s, say=context.log.info)
@@ -195,7 +200,11 @@ def _report(
     context: dg.OpExecutionContext, raw_key: dg.AssetKey, source: SourceRuntime, result: IngestResult,
     metadata: dict[str, Any],
 ) -> None:
-    """Say what a committed batch did and record it as a materialization."""
+    """Say what a committed batch did and record it as a materialization, with the table's rows (Dagster's
+    `dagster/row_count`, read from the log here, beside the next batch)."""
+    rows = row_count(source.raw_path, result.raw_version) if result.raw_version is not None else None
+    if rows is not None:
+        metadata = {**metadata, "dagster/row_count": rows}
     context.log.info(
         f"{source.pipeline.source_id} batch {result.batch_id}: read {result.received}, inserted {result.inserted}, "
         f"duplicates {result.duplicates}, dead-lettered {result.dead_lettered_new}; {result.times}"

@@ -25,15 +25,17 @@ MAINTENANCE_JOB = "maintain_tables"
 
 def build_maintenance_job(pipelines: list[Pipeline]) -> tuple[dg.JobDefinition, dg.ScheduleDefinition]:
     @dg.op(name="maintain_pipeline_tables")
-    def maintain_tables_op(context: dg.OpExecutionContext, spark: SparkResource, lake: LakeResource) -> None:
-        session = spark.get_session()
+    def maintain_tables_op(
+        context: dg.OpExecutionContext, onceflow_spark: SparkResource, onceflow_lake: LakeResource
+    ) -> None:
+        session = onceflow_spark.get_session()
         duplicates: dict[str, int] = {}
         for pipeline in pipelines:
-            source = open_source(pipeline, lake)
+            source = open_source(pipeline, onceflow_lake)
             checkpoint = source.checkpoints.load()
             floor = horizon_floor_ms(pipeline.delivery, pipeline.dedup_horizon_s, checkpoint)
             tables = {"raw": source.raw_path, "dead_letter": source.dead_letter_path}
-            tables |= {o.asset: lake.table_path(o.table) for o in pipeline.outputs}
+            tables |= {o.asset: onceflow_lake.table_path(o.table) for o in pipeline.outputs}
             reports = maintain(session, pipeline, tables, floor)
             if pipeline.delivery == "exactly_once" and any(r.table == "raw" for r in reports):
                 duplicates[pipeline.name] = duplicate_record_ids(

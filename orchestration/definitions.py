@@ -6,7 +6,7 @@ the code location loads, so a mistake fails the load with a message naming the p
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 
 import dagster as dg
@@ -15,11 +15,13 @@ from onceflow.assets.commits_check import build_commits_check
 from onceflow.assets.window_asset import build_window_asset
 from onceflow.jobs.declare.declaration import DeclarationError, Pipeline, WindowedOutput
 from onceflow.jobs.declare.durations import parse_duration
+from onceflow.jobs.delta.raw_table import raw_schema
 from onceflow.jobs.finalize_job import finalize_commits
 from onceflow.jobs.ingest_job import build_ingest_job, raw_asset_key
 from onceflow.jobs.maintenance_job import build_maintenance_job
 from onceflow.jobs.run_retention import build_run_retention_job
-from onceflow.orchestration.deployments import resources_for
+from onceflow.jobs.table_metadata import table_definition_metadata
+from onceflow.orchestration.deployments import LAKE, SPARK, resources_for
 from onceflow.orchestration.pipelines import load_pipelines
 from onceflow.orchestration.pipelines.table_check import check_raw_tables
 from onceflow.orchestration.pipelines.transform_check import check_transforms
@@ -27,16 +29,19 @@ from onceflow.orchestration.sensors.commit import build_commit_sensor
 from onceflow.orchestration.sensors.micro_batch import build_micro_batch_sensor
 from onceflow.orchestration.sensors.runs import build_dead_run_sensor
 from onceflow.orchestration.sensors.window import build_window_sensor
+from onceflow.resources.lake import LakeResource
 from onceflow.resources.settings import Settings, load_settings
 
 
-def raw_asset(pipeline: Pipeline) -> dg.AssetSpec:
+def raw_asset(pipeline: Pipeline, lake: LakeResource) -> dg.AssetSpec:
     return dg.AssetSpec(
         raw_asset_key(pipeline),
         description=f"Raw records of `{pipeline.name}`, deduplicated on record ID: the Delta table "
         f"`{pipeline.raw_table}` (dead letters in `{pipeline.dead_letter_table}`).",
         group_name=pipeline.name,
         kinds={"delta", "spark"},
+        metadata=table_definition_metadata(lake.table_path(pipeline.raw_table), pipeline.raw_table,
+                                           raw_schema(pipeline)),
     )
 
 
@@ -57,26 +62,35 @@ def window_freshness(pipeline: Pipeline, output: WindowedOutput) -> dg.Freshness
     return dg.FreshnessPolicy.time_window(fail_window=lag + RUN_SLACK)
 
 
-def definitions(pipelines: Sequence[Pipeline] | None = None, settings: Settings | None = None) -> dg.Definitions:
+def definitions(
+    pipelines: Sequence[Pipeline] | None = None,
+    settings: Settings | None = None,
+    resources: Mapping[str, dg.ConfigurableResource] | None = None,
+) -> dg.Definitions:
     """A code location running `pipelines` (default: `ONCEFLOW_PIPELINES`'s, else the built-ins), with every
-    job, asset, check, sensor and schedule onceflow derives from them, and its resources for `settings`'
-    deployment. Declarations and settings are checked here: a mistake raises, naming what is wrong.
+    job, asset, check, sensor and schedule onceflow derives from them. Declarations and settings are checked
+    here: a mistake raises, naming what is wrong.
 
-    `onceflow.definitions([orders])` in a project's own definitions module; merge it with the project's
-    other definitions with `dg.Definitions.merge`.
+    `resources` are onceflow's resources as the project configures them, under onceflow's keys
+    (`onceflow_lake=LakeResource(home=dg.EnvVar("LAKE_HOME"))`, `onceflow_spark`, `onceflow_pubsub`,
+    `onceflow_bigquery`); a key left out gets the resource `settings`' deployment builds (the `ONCEFLOW_*`
+    variables). `onceflow.definitions([orders])` in a project's own definitions module; merge it with the
+    project's other definitions with `dg.Definitions.merge`.
     """
     settings = settings or load_settings()
     pipelines = load_pipelines(settings, pipelines)
-    resources = resources_for(settings)
-    check_raw_tables(pipelines, resources["lake"])
-    check_transforms(pipelines, resources["spark"].get_session, resources["lake"].declarations())
+    resources = resources_for(settings, resources)
+    # What the load itself reads, with any `dg.EnvVar` of the resources read now (runs read them again).
+    lake: LakeResource = resources[LAKE].process_config_and_initialize()
+    check_raw_tables(pipelines, lake)
+    check_transforms(pipelines, resources[SPARK].process_config_and_initialize().get_session, lake.declarations())
     outputs = [(p, o) for p in pipelines for o in p.outputs]
     maintenance, maintenance_schedule = build_maintenance_job(pipelines)
     timeout = settings.run_start_timeout_s
     ingest_jobs = [build_ingest_job(p, settings.micro_batch_run_s, timeout) for p in pipelines]
     prune, prune_schedule = build_run_retention_job([job.name for job in ingest_jobs], settings.run_retention_h)
     return dg.Definitions(
-        assets=[raw_asset(p) for p in pipelines]
+        assets=[raw_asset(p, lake) for p in pipelines]
         + [build_window_asset(p, o, window_freshness(p, o)) for p, o in outputs],
         asset_checks=[build_commits_check(o.asset) for _, o in outputs],
         jobs=[*ingest_jobs, finalize_commits, maintenance, prune],

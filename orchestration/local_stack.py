@@ -30,7 +30,7 @@ import dagster as dg
 from onceflow.jobs.declare.sources import KafkaSource
 from onceflow.jobs.sources.reader import open_source
 from onceflow.orchestration.checkout import PROJECT_ROOT
-from onceflow.orchestration.deployments import resources_for
+from onceflow.orchestration.deployments import LAKE, PUBSUB, resources_for
 from onceflow.orchestration.pipelines import load_pipelines
 from onceflow.orchestration.warm_up import warm_engine
 from onceflow.resources.emulators.bigquery import (
@@ -191,7 +191,7 @@ def local_stack(
         for pipeline in load_pipelines(load_settings()):
             if broker is not None and isinstance(pipeline.source, KafkaSource):
                 broker.create_topic(pipeline.source.topic, partitions=3)  # more than one partition to order
-            open_source(pipeline, resources["lake"], resources["pubsub"].client).reader.ensure()
+            open_source(pipeline, resources[LAKE], resources[PUBSUB].client).reader.ensure()
         # The instance's storages are made now: two processes making them at once race on their tables.
         instance = dg.DagsterInstance.get()
         instance.get_runs(limit=1)

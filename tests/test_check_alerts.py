@@ -12,6 +12,7 @@ from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PART
 from onceflow.assets.commits_check import COMMITS_NOT_QUARANTINED, build_commits_check
 from onceflow.jobs.publish.commit_store import CommitStore
 from onceflow.jobs.windows.panes import PARTITION_FORMAT
+from onceflow.orchestration.deployments import LAKE
 from onceflow.resources.lake import LakeResource
 from tests.test_commit_store import SEQ, record
 
@@ -21,7 +22,7 @@ ASSET = "event_counts"  # SEQ's asset
 def run_check(lake: LakeResource, instance: dg.DagsterInstance) -> dg.ExecuteInProcessResult:
     check = build_commits_check(ASSET)
     defs = dg.Definitions(
-        assets=[dg.AssetSpec(ASSET)], asset_checks=[check], resources={"lake": lake},
+        assets=[dg.AssetSpec(ASSET)], asset_checks=[check], resources={LAKE: lake},
         jobs=[dg.define_asset_job("check_commits", selection=dg.AssetSelection.checks(check))],
     )
     return defs.resolve_job_def("check_commits").execute_in_process(instance=instance, raise_on_error=False)
@@ -80,7 +81,7 @@ def test_a_range_run_of_an_old_partitioned_asset_never_lists_its_partitions_and_
     first, last = "2025-11-01-00:00", "2025-11-01-00:04"
     with dg.instance_for_test() as instance:
         result = dg.materialize(
-            [windows, build_commits_check(ASSET)], instance=instance, resources={"lake": LakeResource(home=str(home))},
+            [windows, build_commits_check(ASSET)], instance=instance, resources={LAKE: LakeResource(home=str(home))},
             raise_on_error=False,
             tags={ASSET_PARTITION_RANGE_START_TAG: first, ASSET_PARTITION_RANGE_END_TAG: last},
         )

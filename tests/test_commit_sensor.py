@@ -26,6 +26,7 @@ from onceflow.jobs.publish.commit_records import DONE, PENDING, QUARANTINED
 from onceflow.jobs.publish.pane_sequence import BigQueryTarget
 from onceflow.jobs.publish.sequence import FileFinalize
 from onceflow.orchestration.definitions import definitions
+from onceflow.orchestration.deployments import LAKE
 from onceflow.orchestration.sensors.commit import build_commit_sensor
 from onceflow.resources.spark_connect import SparkConnectServer
 from tests.test_commit_steps import (
@@ -93,7 +94,7 @@ def evaluate(instance: dg.DagsterInstance, home: Path, cursor: str | None = None
     from onceflow.resources.lake import LakeResource
 
     sensor = build_commit_sensor([ASSET])
-    context = dg.build_sensor_context(instance=instance, cursor=cursor, resources={"lake": LakeResource(home=str(home))})
+    context = dg.build_sensor_context(instance=instance, cursor=cursor, resources={LAKE: LakeResource(home=str(home))})
     return sensor.evaluate_tick(context)
 
 

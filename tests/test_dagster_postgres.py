@@ -15,7 +15,7 @@ import dagster as dg
 import pytest
 
 from onceflow.jobs.sources.reader import open_source
-from onceflow.orchestration.deployments import resources_for
+from onceflow.orchestration.deployments import LAKE, PUBSUB, resources_for
 from onceflow.orchestration.local_stack import LocalStack, local_stack
 from onceflow.orchestration.pipelines import load_pipelines
 from onceflow.orchestration.workload import (
@@ -76,8 +76,8 @@ def test_the_daemon_runs_the_micro_batches_on_postgres(spark_connect: SparkConne
         settings = load_settings()
         pipeline = next(p for p in load_pipelines(settings) if p.name == "events")
         resources = resources_for(settings)
-        client = resources["pubsub"].client()
-        source = open_source(pipeline, resources["lake"], lambda: client)
+        client = resources[PUBSUB].client()
+        source = open_source(pipeline, resources[LAKE], lambda: client)
         start_ms = (int(time.time() * 1000) - 3_600_000) // 60_000 * 60_000  # within the dedup horizon
         first, second = make_events(40, start_ms, 120_000), make_events(30, start_ms, 120_000, prefix="f")
         publish_events(client, pipeline.source.topic, with_publisher_retries(first, 0.2))

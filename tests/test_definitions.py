@@ -22,7 +22,7 @@ def defs(spark_connect: SparkConnectServer, home: Path) -> dg.Definitions:
     return definitions()
 
 
-def test_definitions_have_the_reference_pipeline(defs: dg.Definitions) -> None:
+def test_definitions_have_the_reference_pipeline(defs: dg.Definitions, home: Path) -> None:
     job = defs.get_job_def("ingest_events")
     assert [node.name for node in job.nodes] == ["micro_batch_events"]
     assert job.tags["onceflow/source"] == "events/pubsub"
@@ -42,6 +42,12 @@ def test_definitions_have_the_reference_pipeline(defs: dg.Definitions) -> None:
         "no_duplicate_record_ids",
     }
     assert dg.AssetKey("raw_events") in counts.dependency_keys
+    # The raw table as Dagster's catalog shows any table: where it is, its name, its columns.
+    raw = next(spec for spec in defs.assets if isinstance(spec, dg.AssetSpec) and spec.key.path == ["raw_events"])
+    assert raw.metadata["dagster/uri"] == str(home / "lake" / "raw" / "events")
+    assert raw.metadata["dagster/table_name"] == "raw/events"
+    columns = [(c.name, c.type) for c in raw.metadata["dagster/column_schema"].columns]
+    assert columns[:2] == [("record_id", "string"), ("event_time", "timestamp")] and ("batch_id", "bigint") in columns
 
 
 def test_definitions_have_the_orders_example_beside_events(defs: dg.Definitions) -> None:

@@ -13,8 +13,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from onceflow.orchestration.definitions import definitions
-from onceflow.orchestration.deployments import GCP_CREDENTIALS_VARIABLE
+from onceflow.orchestration.deployments import BIGQUERY, GCP_CREDENTIALS_VARIABLE, LAKE, PUBSUB, SPARK
 from onceflow.resources.bigquery import BigQueryResource
+from onceflow.resources.lake import LakeResource
 from onceflow.resources.settings import SettingsError
 from onceflow.resources.spark_connect import SparkConnectServer
 
@@ -34,9 +35,9 @@ def test_local_loads_whole_with_the_emulators(
     monkeypatch.setenv("PUBSUB_EMULATOR_HOST", "127.0.0.1:8085")
     monkeypatch.setenv("BIGQUERY_EMULATOR_HOST", "http://127.0.0.1:9050")
     defs = load(monkeypatch, "local")
-    assert defs.resources["pubsub"].emulator_host == "127.0.0.1:8085"
-    assert defs.resources["bigquery"].api_endpoint == "http://127.0.0.1:9050"
-    assert defs.resources["bigquery"].gcp_credentials is None
+    assert defs.resources[PUBSUB].emulator_host == "127.0.0.1:8085"
+    assert defs.resources[BIGQUERY].api_endpoint == "http://127.0.0.1:9050"
+    assert defs.resources[BIGQUERY].gcp_credentials is None
     assert defs.get_job_def("prune_runs") is not None
     assert defs.get_schedule_def("prune_runs_hourly").job_name == "prune_runs"
 
@@ -50,7 +51,7 @@ def test_prod_loads_whole_on_google_cloud_with_its_secret_from_the_environment(
     monkeypatch.setenv("ONCEFLOW_BIGQUERY_PROJECT", "acme-warehouse")
     monkeypatch.setenv(GCP_CREDENTIALS_VARIABLE, SECRET)
     defs = load(monkeypatch, "prod")
-    pubsub, bigquery = defs.resources["pubsub"], defs.resources["bigquery"]
+    pubsub, bigquery = defs.resources[PUBSUB], defs.resources[BIGQUERY]
     assert (pubsub.project, pubsub.emulator_host) == ("acme-data", None)
     assert (bigquery.project, bigquery.api_endpoint) == ("acme-warehouse", None)
     credentials = bigquery.gcp_credentials
@@ -98,3 +99,22 @@ def test_prod_bigquery_client_is_dagster_gcps_made_with_the_resources_key(monkey
     with resource.get_client() as client:  # made without a network call
         assert (client.project, client.location) == ("acme-warehouse", "EU")
         assert client._credentials.service_account_email == account["client_email"]
+
+
+def test_a_project_configures_onceflows_resources_in_code_under_keys_of_their_own(
+    spark_connect: SparkConnectServer, home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("ONCEFLOW_HOME")
+    monkeypatch.setenv("LAKE_HOME", str(tmp_path / "lake-home"))
+    lake = LakeResource(home=dg.EnvVar("LAKE_HOME"))
+    defs = definitions(resources={LAKE: lake})
+    dg.Definitions.validate_loadable(defs)
+    assert defs.resources[LAKE] is lake and set(defs.resources) == {LAKE, SPARK, PUBSUB, BIGQUERY}
+    # The load read the variable (the raw asset's table is under it); runs read it again when they start.
+    raw = next(spec for spec in defs.assets if isinstance(spec, dg.AssetSpec) and spec.key.path == ["raw_events"])
+    assert raw.metadata["dagster/uri"] == str(tmp_path / "lake-home" / "lake" / "raw" / "events")
+    # A key that is not onceflow's (a dagster-gcp user's `bigquery`, say) or a resource of the wrong kind is named.
+    with pytest.raises(SettingsError, match=r"resources: 'bigquery' is not a key of onceflow's resources"):
+        definitions(resources={"bigquery": BigQueryResource()})
+    with pytest.raises(SettingsError, match=r"resources: 'onceflow_lake' is a BigQueryResource, not a LakeResource"):
+        definitions(resources={LAKE: BigQueryResource()})

@@ -25,6 +25,7 @@ from onceflow.jobs.sources.kafka_reader import KafkaRecordsLost
 from onceflow.jobs.sources.reader import SourceRuntime, open_source
 from onceflow.orchestration.cli.status import source_lines
 from onceflow.orchestration.cli.verify import verify
+from onceflow.orchestration.deployments import LAKE, PUBSUB
 from onceflow.orchestration.pipelines import resolve
 from onceflow.orchestration.sensors.micro_batch import build_micro_batch_sensor
 from onceflow.resources.emulators.kafka import KafkaBroker
@@ -315,7 +316,7 @@ def test_dagster_asks_for_batches_while_offsets_are_ahead_and_shows_each_partiti
     dagster_home = tmp_path / "dagster"
     dagster_home.mkdir()
     with dg.instance_for_test(temp_dir=str(dagster_home)) as instance:
-        resources = {"lake": lake, "pubsub": PubSubResource(project="unused")}
+        resources = {LAKE: lake, PUBSUB: PubSubResource(project="unused")}
         context = dg.build_sensor_context(instance=instance, resources=resources)
         [request] = build_micro_batch_sensor(pipeline, idle_tick_s=15)(context).run_requests
         assert request.run_key == "clicks:batch:1"

@@ -26,6 +26,7 @@ from onceflow.jobs.run_worker import worker_tags
 from onceflow.jobs.sources.checkpoint import SourceCheckpoint
 from onceflow.jobs.sources.reader import open_source
 from onceflow.jobs.windows.panes import CloseStore, PaneClose, Window
+from onceflow.orchestration.deployments import LAKE, PUBSUB
 from onceflow.orchestration.sensors.micro_batch import BATCH_TAG, active, build_micro_batch_sensor
 from onceflow.orchestration.sensors.runs import build_dead_run_sensor, in_flight
 from onceflow.orchestration.sensors.window import build_window_sensor
@@ -55,7 +56,7 @@ def evaluate(
     sensor: dg.SensorDefinition, instance: dg.DagsterInstance, lake: LakeResource, cursor: str | None,
     pubsub: PubSubResource | None = None,
 ):
-    resources = {"lake": lake, "pubsub": pubsub or PubSubResource(project="unused")}
+    resources = {LAKE: lake, PUBSUB: pubsub or PubSubResource(project="unused")}
     context = dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources)
     return sensor(context)
 

@@ -119,6 +119,17 @@ def test_the_design_example_runs_end_to_end(user_env: dict[str, str], home: Path
     }
     regions = {w.key: len({o.region for o in unique.values() if o.window_start == w.start_ms}) for w in windows}
     assert {k: m["keys"] for k, m in metadata.items()} == regions
+    # Dagster's standard table metadata: the partition's rows, the table, its columns (the transform's and onceflow's).
+    assert {k: m["dagster/row_count"] for k, m in metadata.items()} == regions
+    first = next(iter(metadata.values()))
+    assert first["dagster/uri"] == str(lake / "windows" / "region_sales")
+    assert first["dagster/table_name"] == "windows/region_sales"
+    columns = [c.name for c in first["dagster/column_schema"].columns]
+    assert {"window_start", "region", "orders", "revenue", "customers", "pane"} <= set(columns)
+    with dg.DagsterInstance.from_config(dagster_home) as instance:
+        raw_events = instance.fetch_materializations(dg.AssetKey("raw_orders"), limit=10).records
+    newest = max(raw_events, key=lambda r: r.storage_id).asset_materialization
+    assert newest is not None and newest.metadata["dagster/row_count"].value == len(unique)
 
     # Published exactly once to the file sink and BigQuery, with the output's own columns and types.
     files = sorted((home / "published" / "region_sales").glob("window=*/pane=1/part-*.jsonl"))

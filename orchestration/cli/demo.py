@@ -75,7 +75,7 @@ def run_streaming(
     from onceflow.jobs.sources.reader import open_source, source_watermark_ms
     from onceflow.jobs.verify.reconcile import render
     from onceflow.orchestration.cli.verify import reconcile_pipeline
-    from onceflow.orchestration.deployments import resources_for
+    from onceflow.orchestration.deployments import LAKE, PUBSUB, resources_for
     from onceflow.orchestration.local_stack import PROFILES, local_stack
     from onceflow.orchestration.pipelines import load_pipelines
     from onceflow.resources.lake import LakeResource
@@ -91,8 +91,8 @@ def run_streaming(
         pipeline = next(p for p in load_pipelines(settings) if p.name == "events")
         output = pipeline.outputs[0]
         resources = resources_for(settings)
-        lake: LakeResource = resources["lake"]
-        client: PubSubClient = resources["pubsub"].client()
+        lake: LakeResource = resources[LAKE]
+        client: PubSubClient = resources[PUBSUB].client()
         source = open_source(pipeline, lake, lambda: client)
         spec = pipeline.source
         closes = CloseStore(lake.panes(), output.asset)

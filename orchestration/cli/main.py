@@ -63,14 +63,14 @@ def dagster_home() -> Path:
 def create_sources(emulator_host: str) -> None:
     """A fresh emulator has no topics: create every Pub/Sub pipeline's topic and subscriptions on it."""
     from onceflow.jobs.sources.reader import open_source
-    from onceflow.orchestration.deployments import resources_for
+    from onceflow.orchestration.deployments import LAKE, PUBSUB, resources_for
     from onceflow.orchestration.pipelines import load_pipelines
 
     os.environ["PUBSUB_EMULATOR_HOST"] = emulator_host
     settings = load_settings()
     resources = resources_for(settings)
     for pipeline in load_pipelines(settings):
-        print(open_source(pipeline, resources["lake"], resources["pubsub"].client).reader.ensure())
+        print(open_source(pipeline, resources[LAKE], resources[PUBSUB].client).reader.ensure())
 
 
 def cmd_dev(args: argparse.Namespace) -> int:

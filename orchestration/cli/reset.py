@@ -29,7 +29,7 @@ from onceflow.jobs.delta.arrow_append import post_commit_hooks
 from onceflow.jobs.ingest.micro_batch import lake_batch
 from onceflow.jobs.sources.checkpoint import CheckpointStore, EpochStore, SourceCheckpoint
 from onceflow.jobs.sources.reader import SourceRuntime, app_id, open_source
-from onceflow.orchestration.deployments import resources_for
+from onceflow.orchestration.deployments import LAKE, resources_for
 from onceflow.orchestration.pipelines import load_pipelines
 from onceflow.orchestration.sensors.runs import in_flight
 from onceflow.resources.delta_storage import delta_table
@@ -40,7 +40,7 @@ RUNS_LOOKED_AT = 20
 
 def cmd_reset(args: argparse.Namespace) -> int:
     settings = load_settings()
-    lake = resources_for(settings)["lake"]
+    lake = resources_for(settings)[LAKE]
     pipeline = next((p for p in load_pipelines(settings) if p.name == args.pipeline), None)
     if pipeline is None:
         print(f"onceflow reset: no pipeline {args.pipeline!r}")

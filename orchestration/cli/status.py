@@ -23,7 +23,7 @@ from onceflow.jobs.sources.reader import SourceRuntime, open_source, source_wate
 from onceflow.jobs.windows.panes import CloseStore, Window
 from onceflow.orchestration.cli.commits import describe
 from onceflow.orchestration.cli.verify import UnknownPipeline, add_selection, cmd_verify, selected
-from onceflow.orchestration.deployments import resources_for
+from onceflow.orchestration.deployments import LAKE, PUBSUB, resources_for
 from onceflow.orchestration.pipelines import load_pipelines
 from onceflow.orchestration.sensors.window import final_pane_committed
 from onceflow.resources.lake import LakeResource
@@ -126,11 +126,11 @@ def _window_text(doc: dict[str, Any]) -> list[str]:
 
 
 def status_document(pipelines: list[Pipeline], resources: dict[str, Any]) -> dict[str, Any]:
-    lake: LakeResource = resources["lake"]
+    lake: LakeResource = resources[LAKE]
     commits = CommitStore(lake.commits())
     sources = []
     for pipeline in pipelines:
-        source = open_source(pipeline, lake, resources["pubsub"].client)
+        source = open_source(pipeline, lake, resources[PUBSUB].client)
         checkpoint = source.checkpoints.load()
         sources.append({"pipeline": pipeline.name, **source_status(source),
                         "outputs": [window_status(o, checkpoint, lake, commits) for o in pipeline.outputs]})

@@ -25,7 +25,7 @@ from onceflow.jobs.verify.reconcile import (
     render,
 )
 from onceflow.jobs.windows.panes import CloseStore
-from onceflow.orchestration.deployments import resources_for
+from onceflow.orchestration.deployments import LAKE, SPARK, resources_for
 from onceflow.orchestration.pipelines import load_pipelines
 from onceflow.resources.lake import LakeResource
 from onceflow.resources.settings import load_settings
@@ -127,7 +127,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         settings = load_settings()
         pipelines = selected(load_pipelines(settings), args.pipeline)
         resources = resources_for(settings)
-        ok = verify(resources["spark"].get_session(), pipelines, resources["lake"], as_json=args.json)
+        ok = verify(resources[SPARK].get_session(), pipelines, resources[LAKE], as_json=args.json)
     except Exception as error:
         print(f"onceflow verify: could not reconcile: {type(error).__name__}: {error}", file=sys.stderr)
         return 2

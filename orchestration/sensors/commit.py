@@ -98,8 +98,8 @@ def build_commit_sensor(assets: list[str], start_timeout_s: float = START_TIMEOU
         default_status=dg.DefaultSensorStatus.RUNNING,
         description="Finishes commit sequences left unfinished; quarantines those that use up their attempts.",
     )
-    def commit_sensor(context: dg.SensorEvaluationContext, lake: LakeResource) -> dg.SensorResult:
-        store = CommitStore(lake.commits())
+    def commit_sensor(context: dg.SensorEvaluationContext, onceflow_lake: LakeResource) -> dg.SensorResult:
+        store = CommitStore(onceflow_lake.commits())
         requests: list[dg.RunRequest] = []
         skips: list[str] = []
         for seq in store.unfinished():

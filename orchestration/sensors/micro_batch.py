@@ -86,12 +86,12 @@ def build_micro_batch_sensor(
         description=f"Requests the next micro-batch of `{pipeline.source_id}` when it has new data.",
     )
     def micro_batch_sensor(
-        context: dg.SensorEvaluationContext, lake: LakeResource, pubsub: PubSubResource
+        context: dg.SensorEvaluationContext, onceflow_lake: LakeResource, onceflow_pubsub: PubSubResource
     ) -> dg.SensorResult | dg.SkipReason:
         tags = source_tag(pipeline)
         runs = runs_tagged(context.instance, tags, limit=5)
         busy = in_flight(context.instance, runs, start_timeout_s)
-        source = open_source(pipeline, lake, pubsub.client)
+        source = open_source(pipeline, onceflow_lake, onceflow_pubsub.client)
         if busy:
             relay = relay_request(context.instance, pipeline, runs, source.checkpoints.load(), keep_warm_s or run_s,
                                   start_timeout_s) if run_s else None

@@ -117,8 +117,10 @@ def build_window_sensor(
         description=f"Requests the final pane of each `{output.asset}` window when the watermark passes its end "
         "plus the allowed lateness.",
     )
-    def window_sensor(context: dg.SensorEvaluationContext, lake: LakeResource) -> dg.SensorResult | dg.SkipReason:
-        checkpoint = open_source(pipeline, lake).checkpoints.load()
+    def window_sensor(
+        context: dg.SensorEvaluationContext, onceflow_lake: LakeResource
+    ) -> dg.SensorResult | dg.SkipReason:
+        checkpoint = open_source(pipeline, onceflow_lake).checkpoints.load()
         watermark = source_watermark_ms(checkpoint)
         if watermark is None or checkpoint.min_event_time_ms is None or checkpoint.max_event_time_ms is None:
             return dg.SkipReason("no data and no watermark yet")
@@ -127,14 +129,14 @@ def build_window_sensor(
         first_ms = first_window_start_ms(pipeline.start_date)
         min_start = max(Window.at(checkpoint.min_event_time_ms, size).start_ms, first_ms)
         next_start = max(cursor.get("next_window_ms", min_start), first_ms)
-        closes, commits = CloseStore(lake.panes(), output.asset), CommitStore(lake.commits())
+        closes, commits = CloseStore(onceflow_lake.panes(), output.asset), CommitStore(onceflow_lake.commits())
         requests, pending, notes = retry_requests(
             context, output, closes, commits, cursor.get("pending", {}), watermark, start_timeout_s
         )
         refire = RefireCursor.of(cursor)
         if output.late_policy == "refire":  # batches looked at before this tick's finals: those will read them
-            look_at_batches(refire, checkpoint, output, closes, minutes_of(pipeline, lake), (first_ms, next_start),
-                            pending)
+            look_at_batches(refire, checkpoint, output, closes, minutes_of(pipeline, onceflow_lake),
+                            (first_ms, next_start), pending)
         first_seen = cursor.get("first_window_ms", min_start)
         if min_start < first_seen and next_start <= first_seen:  # none asked for yet: the scan starts earlier
             next_start = first_seen = min_start

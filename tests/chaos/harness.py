@@ -44,7 +44,7 @@ from onceflow.jobs.sources.reader import open_source
 from onceflow.jobs.verify.reconcile import canonical_row, render
 from onceflow.jobs.windows.panes import CloseStore, Window
 from onceflow.orchestration.cli.verify import reconcile_pipeline
-from onceflow.orchestration.deployments import resources_for
+from onceflow.orchestration.deployments import PUBSUB, resources_for
 from onceflow.orchestration.local_stack import PROFILES, LocalStack, local_stack
 from onceflow.orchestration.pipelines import load_pipelines
 from onceflow.orchestration.run_launcher import LAUNCHED_BY_TAG
@@ -122,7 +122,7 @@ def run_chaos(
         workdir = stack.workdir
         settings = load_settings()
         pipelines = load_pipelines(settings)
-        client = resources_for(settings)["pubsub"].client()
+        client = resources_for(settings)[PUBSUB].client()
         closes = CloseStore(stack.lake.panes(), "event_counts")
 
         def first_closed() -> str | None:
@@ -177,7 +177,7 @@ def _settle(stack: LocalStack, pipelines: list, threads: tuple, timeout_s: float
     for thread in threads:
         thread.done.wait()
     _say("traffic and faults over; waiting for every window to close and publish")
-    sources = [open_source(p, stack.lake, resources_for(load_settings())["pubsub"].client) for p in pipelines]
+    sources = [open_source(p, stack.lake, resources_for(load_settings())[PUBSUB].client) for p in pipelines]
     commits = CommitStore(stack.lake.commits())
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

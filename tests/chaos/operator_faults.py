@@ -175,7 +175,7 @@ class OperatorFaults:
             time.sleep(2)
 
     def stack_pubsub(self):
-        from onceflow.orchestration.deployments import resources_for
+        from onceflow.orchestration.deployments import PUBSUB, resources_for
         from onceflow.resources.settings import load_settings
 
-        return resources_for(load_settings())["pubsub"].client()
+        return resources_for(load_settings())[PUBSUB].client()
