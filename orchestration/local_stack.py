@@ -31,6 +31,7 @@ from onceflow.jobs.declare.sources import KafkaSource
 from onceflow.jobs.sources.reader import open_source
 from onceflow.orchestration.checkout import PROJECT_ROOT
 from onceflow.orchestration.deployments import LAKE, PUBSUB, resources_for
+from onceflow.orchestration.instance import INSTANCE_CONFIGS, write_instance, write_workspace
 from onceflow.orchestration.pipelines import load_pipelines
 from onceflow.orchestration.warm_up import warm_engine
 from onceflow.resources.emulators.bigquery import (
@@ -54,7 +55,6 @@ PROFILES: dict[str, dict[str, str]] = {
     "local": {"spark": "local", "lake": "local", "dagster_storage": "sqlite"},
     "cluster-gcs": {"spark": "cluster", "lake": "gcs", "dagster_storage": "postgres"},
 }
-INSTANCE_CONFIGS = {"sqlite": PROJECT_ROOT / "dagster.yaml", "postgres": PROJECT_ROOT / "deploy" / "dagster.prod.yaml"}
 
 
 @dataclass
@@ -130,8 +130,7 @@ def local_stack(
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("ONCEFLOW_", "SPARK_", "PUBSUB_", "BIGQUERY_", "DAGSTER_PG_", "STORAGE_EMULATOR_"))}
     env.update(settings, ONCEFLOW_HOME=str(workdir / "home"), DAGSTER_HOME=str(workdir / "dagster"))
-    Path(env["DAGSTER_HOME"]).mkdir(parents=True)
-    shutil.copyfile(INSTANCE_CONFIGS[dagster_storage], Path(env["DAGSTER_HOME"]) / "dagster.yaml")
+    write_instance(Path(env["DAGSTER_HOME"]), dagster_storage)
     saved = dict(os.environ)
     os.environ.clear()
     os.environ.update(env)
@@ -199,7 +198,9 @@ def local_stack(
         say("starting dagster-daemon: it runs the sensors and launches their runs")
         with (workdir / "daemon.log").open("w") as log:
             daemon = subprocess.Popen(
-                [str(Path(sys.executable).parent / "dagster-daemon"), "run", "-w", str(PROJECT_ROOT / "workspace.yaml")],
+                [str(Path(sys.executable).parent / "dagster-daemon"), "run", "-w",
+                 str(write_workspace(workdir / "workspace.yaml", working_directory=PROJECT_ROOT))],
+                # From the checkout: its test pipelines (`ONCEFLOW_PIPELINES=tests....`) import from here.
                 cwd=PROJECT_ROOT, env=dict(os.environ), start_new_session=True, stdout=log, stderr=subprocess.STDOUT,
             )
         stops.append(lambda: stop_process_group(daemon, (signal.SIGTERM, signal.SIGKILL), timeout_s=20))

@@ -12,7 +12,7 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
-from onceflow.orchestration.local_stack import INSTANCE_CONFIGS
+from onceflow.orchestration.instance import INSTANCE_CONFIGS
 from onceflow.resources.emulators.postgres import (
     PostgresServer,
     PostgresUnavailable,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -22,7 +21,9 @@ import pytest
 from playwright.sync_api import expect
 
 from onceflow.jobs.windows.panes import Window
-from onceflow.orchestration.cli.main import PROJECT_ROOT, create_sources
+from onceflow.orchestration.checkout import PROJECT_ROOT
+from onceflow.orchestration.cli.main import create_sources
+from onceflow.orchestration.instance import write_instance
 from onceflow.resources.emulators.pubsub import PubSubEmulator, free_port
 from onceflow.resources.processes import stop_process_group
 from onceflow.resources.spark_connect import SparkConnectServer
@@ -122,7 +123,7 @@ def test_ui_shows_materialized_partitions_and_sensors(
     require(chromium_path() is not None, "Chromium (apt-get install chromium)")
     dagster_home = tmp_path / "dagster"
     dagster_home.mkdir()
-    shutil.copyfile(PROJECT_ROOT / "dagster.yaml", dagster_home / "dagster.yaml")
+    write_instance(dagster_home)
     # Create the instance's SQLite storages now: dagster dev and the materialization below start together, and
     # two processes creating the same tables race ("table ... already exists").
     with dg.DagsterInstance.from_config(str(dagster_home)) as instance:

@@ -9,15 +9,18 @@ and onceflow's side by side, with `from onceflow import …` and `onceflow.defin
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 import sysconfig
 import textwrap
+import time
 import zipfile
 from pathlib import Path
 
 import pytest
+from deltalake import DeltaTable
 
 import onceflow
 from onceflow.resources.spark_connect import SparkConnectServer
@@ -32,6 +35,8 @@ from pyspark.sql import functions as F
 import onceflow
 from assets import toy_asset
 from onceflow import FileSink, FileSource, Pipeline, WindowedOutput
+from onceflow.resources.lake import LakeResource
+from onceflow.resources.spark import SparkResource
 from resources import ToyResource
 
 
@@ -46,8 +51,11 @@ orders = Pipeline(
     outputs=[WindowedOutput(asset="toy_sales", window="5m", keys=["region"], transform=region_sales,
                             sinks=[FileSink()])],
 )
+# Settings from Dagster resources, configured in code: not one ONCEFLOW_* variable.
+onceflow_resources = {"onceflow_lake": LakeResource(home=dg.EnvVar("TOY_LAKE")),
+                      "onceflow_spark": SparkResource(remote=dg.EnvVar("TOY_SPARK"))}
 defs = dg.Definitions.merge(
-    onceflow.definitions([orders]),
+    onceflow.definitions([orders], resources=onceflow_resources),
     dg.Definitions(assets=[toy_asset], resources={"toy": ToyResource()}),
 )
 '''
@@ -128,15 +136,33 @@ def test_a_dagster_project_with_its_own_assets_and_resources_loads_beside_oncefl
             name: str = "toy"
     '''))
     (project / "toy_definitions.py").write_text(TOY_DEFINITIONS)
-    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "ONCEFLOW_HOME": str(tmp_path / "home"),
-           "ONCEFLOW_SPARK_REMOTE": spark_connect.url, "HOME": str(tmp_path)}
-    done = subprocess.run([str(python), "-c", PROBE], cwd=project, env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    lake = tmp_path / "lake-home"
+    # HOME as it is: `onceflow setup` finds the jars this machine's set-up cached.
+    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "TOY_LAKE": str(lake), "TOY_SPARK": spark_connect.url,
+           "HOME": os.environ["HOME"], "DAGSTER_HOME": str(project / ".dagster")}
+
+    def run(*command: str) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, f"{command}: {done.stdout[-2000:]}{done.stderr[-3000:]}"
+        return done
+
+    loaded = json.loads(run(str(python), "-c", PROBE).stdout.strip().splitlines()[-1])
 
     assert Path(loaded["onceflow"]).is_relative_to(site)
     assert Path(loaded["assets"]).is_relative_to(project) and Path(loaded["resources"]).is_relative_to(project)
     assert {"ingest_toy_orders", "finalize_commits"} <= set(loaded["jobs"])
     assert {"toy_asset", "toy_sales", "raw_toy_orders"} <= set(loaded["assets_keys"])
     assert {"toy_orders_micro_batch_sensor", "toy_sales_window_sensor"} <= set(loaded["sensors"])
+
+    # From the wheel alone: the project's Dagster set-up, onceflow's, a validated code location, one micro-batch.
+    assert "wrote" in run(str(venv / "bin" / "onceflow"), "init", "--module", "toy_definitions").stdout
+    assert "RunLauncher" in (project / ".dagster" / "dagster.yaml").read_text()
+    run(str(venv / "bin" / "onceflow"), "setup")
+    run(str(venv / "bin" / "dagster"), "definitions", "validate", "-w", "workspace.yaml")
+    now = int(time.time() * 1000)
+    orders = [{"order_id": f"o{n}", "ts": now - 60_000 + n, "region": "eu", "amount": "2.50"} for n in range(3)]
+    (project / "orders" / "a.jsonl").write_text("".join(json.dumps(o) + "\n" for o in [*orders, orders[0]]))
+    run(str(venv / "bin" / "dagster"), "job", "execute", "-m", "toy_definitions", "-j", "ingest_toy_orders")
+    raw = DeltaTable(str(lake / "lake" / "raw" / "toy_orders")).to_pyarrow_table(columns=["record_id", "amount"])
+    assert sorted(raw.column("record_id").to_pylist()) == ["o0", "o1", "o2"]
+    assert not [name for name in env if name.startswith("ONCEFLOW_")]

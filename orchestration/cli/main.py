@@ -5,18 +5,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
-from onceflow.orchestration.checkout import PROJECT_ROOT
 from onceflow.orchestration.cli.commits import add_commands as add_commit_commands
 from onceflow.orchestration.cli.engine import add_commands as add_engine_commands
 from onceflow.orchestration.cli.engine import add_engine_options, running_engine
+from onceflow.orchestration.cli.init import add_command as add_init_command
 from onceflow.orchestration.cli.reset import add_commands as add_reset_commands
 from onceflow.orchestration.cli.status import add_commands as add_status_commands
+from onceflow.orchestration.instance import write_instance, write_workspace
 from onceflow.resources.class_archive import ClassArchiveError, ensure_class_archive
 from onceflow.resources.delta_jars import ensure_delta_jars, ensure_gcs_connector_jar
 from onceflow.resources.emulators.kafka import ensure_kafka_broker_libs
@@ -55,9 +55,17 @@ def dagster_home() -> Path:
         raise SettingsError("DAGSTER_HOME: set it to a local directory when ONCEFLOW_HOME is on gs:// (the Dagster "
                             "instance does not live in the lake)")
     home = Path(settings.dagster_home or Path(settings.home_path) / "dagster")
-    home.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(PROJECT_ROOT / "dagster.yaml", home / "dagster.yaml")
+    write_instance(home)
     return home
+
+
+def dev_workspace(given: str | None, dagster_home: Path) -> Path:
+    """The workspace `onceflow dev` serves: `--workspace`, else `./workspace.yaml` (a checkout's, or what
+    `onceflow init` wrote), else onceflow's bundled code location, written beside the instance."""
+    if given is not None:
+        return Path(given).resolve()
+    here = Path("workspace.yaml")
+    return here.resolve() if here.exists() else write_workspace(dagster_home / "workspace.yaml")
 
 
 def create_sources(emulator_host: str) -> None:
@@ -76,7 +84,9 @@ def create_sources(emulator_host: str) -> None:
 def cmd_dev(args: argparse.Namespace) -> int:
     from onceflow.resources.emulators.pubsub import start_pubsub_emulator
 
-    env = {**os.environ, "DAGSTER_HOME": str(dagster_home())}
+    home = dagster_home()
+    env = {**os.environ, "DAGSTER_HOME": str(home)}
+    workspace = dev_workspace(args.workspace, home)
     # A SIGTERM (from make, a supervisor) must still stop dagster dev, the engine and the emulator, not orphan them.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     with contextlib.ExitStack() as stack:
@@ -91,10 +101,9 @@ def cmd_dev(args: argparse.Namespace) -> int:
             env["ONCEFLOW_SPARK_REMOTE"] = engine.url
             print(f"Spark engine on {engine.url}")
         dev = subprocess.Popen(
-            [sys.executable, "-m", "dagster", "dev", "-w", str(PROJECT_ROOT / "workspace.yaml"),
-             "-h", args.host, "-p", str(args.port)],
+            [sys.executable, "-m", "dagster", "dev", "-w", str(workspace), "-h", args.host, "-p", str(args.port)],
             env=env,
-            cwd=PROJECT_ROOT,
+            cwd=workspace.parent,
             start_new_session=True,
         )
         # dagster dev shuts its webserver, daemon and code servers down on SIGINT (Ctrl-C), not on SIGTERM.
@@ -127,8 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     dev.add_argument("--port", type=int, default=3000)
     dev.add_argument("--no-emulator", action="store_true", help="do not start a Pub/Sub emulator")
     dev.add_argument("--no-engine", action="store_true", help="no warm Spark engine: each run starts its own Spark")
+    dev.add_argument("--workspace", help="the workspace.yaml to serve (default: ./workspace.yaml, else onceflow's "
+                     "bundled code location)")
     add_engine_options(dev)
     dev.set_defaults(func=cmd_dev)
+    add_init_command(sub)
     add_engine_commands(sub)
     add_commit_commands(sub)
     add_reset_commands(sub)
