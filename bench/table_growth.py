@@ -22,7 +22,7 @@ of their medians moved from 0.7 to 1.5 between runs of the same commit with what
    fast-path batch after a 10 M-row MERGE paid for that MERGE's garbage, and the ratio measured the neighbour
    rather than the table's size). Each batch starts once the disk has written back the writes before it
    (`os.sync`). Each `run_micro_batch` is timed (plan, read, validate, dedup, commit, checkpoint): its own read
-   too, as what the batch before read ahead (`onceflow.jobs.ingest.read_ahead`) is dropped first; and with its
+   too, as what the batch before read ahead (`onceflow.jobs.sources.read_ahead`) is dropped first; and with its
    filters' upkeep (its new IDs added, the filters saved when due), which a process does beside its next batch:
    timed without it, a batch paid for the other size's upkeep, run just before it. The figure per home is the median.
 5. Then `REDELIVERY_BATCHES` more batches per home, timed apart (`*_redelivery_s`, their median: one batch's

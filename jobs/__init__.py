@@ -1,6 +1,7 @@
 """The pipeline's stages, one subpackage each, and the Dagster job shells that run them.
 
-Stages, each importing only the ones listed before it (and `onceflow.resources`):
+Stages, each importing only the ones listed before it (and `onceflow.resources`; import-linter checks it, its
+contracts in pyproject.toml, `tests/test_import_contract.py`):
 
     declare   the public declaration (`Pipeline`, sources, sinks), schemas, durations
     dedup     record IDs already committed: the ID filters (fast path) and the raw table's log

@@ -23,7 +23,7 @@ class PlanTemplate:
     """The DataFrame `build(rows, values)` makes of a batch's rows (of `schema`) and its `values`, analysed once in
     the classic session `spark` with the values `placeholders` (of the types every batch's will have).
 
-    `build` must make each value through `onceflow.resources.batch_values.batch_value` (an
+    `build` must make each value through `onceflow.jobs.sources.batch_values.batch_value` (an
     `onceflow_batch_value`, which binding gives the batch's value), and must depend on nothing else of the batch:
     binding changes only the rows and the values.
     """

@@ -8,9 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.installed_layout import installed_layout
 from tests.test_docs import README, section
 
-REPO = Path(__file__).resolve().parents[1]
 MISUSE = '''
 from onceflow import FileSource, Pipeline, WindowedOutput
 
@@ -21,18 +21,6 @@ late = WindowedOutput(asset="a", window="5m", late_policy="keep", transform=same
 twice = Pipeline(name="p", source=FileSource(directory="/in", timestamp_field="ts"), schema="a INT",
                  delivery="twice")
 '''
-
-
-def installed_layout(root: Path) -> Path:
-    """The package as installed (`onceflow.jobs` is `jobs/`, ...): links, since mypy cannot follow the editable
-    install's import hook."""
-    package = root / "onceflow"
-    package.mkdir(parents=True)
-    for path in (REPO / "onceflow").iterdir():
-        (package / path.name).symlink_to(path)
-    for folder in ("orchestration", "assets", "jobs", "resources"):
-        (package / folder).symlink_to(REPO / folder)
-    return package
 
 
 def mypy(cwd: Path, *targets: str) -> subprocess.CompletedProcess[str]:

@@ -1,4 +1,4 @@
-"""The next batch read while a batch commits (`onceflow.jobs.ingest.read_ahead`): used only for the very plan it
+"""The next batch read while a batch commits (`onceflow.jobs.sources.read_ahead`): used only for the very plan it
 was read for; a file that changed meanwhile, or another run that planned the batch first, drops it."""
 
 from __future__ import annotations

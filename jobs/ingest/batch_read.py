@@ -4,7 +4,7 @@ and brought to the driver (`BatchRead`), with the landing's own count of them re
 Either every column of the batch's records comes to the driver, where its rows are decided and delta-rs writes them
 (`rows_to_driver`), or the batch is cached and its valid records stay a DataFrame over it, for Spark to write or
 MERGE. A read depends on nothing but the batch's plan, so the next batch's may begin while this one commits
-(`onceflow.jobs.ingest.read_ahead`).
+(`onceflow.jobs.sources.read_ahead`).
 """
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ def _read_next(
     spark: SparkSession, source: SourceRuntime, checkpoint: SourceCheckpoint, plan: BatchPlan, result: IngestResult,
     after: Future | None,
 ) -> None:
-    """Begin reading the batch after `plan` (`onceflow.jobs.ingest.read_ahead`), as it would be planned once `plan`
+    """Begin reading the batch after `plan` (`onceflow.jobs.sources.read_ahead`), as it would be planned once `plan`
     commits (`result`: its counts and event times so far), after `after` (its dead letters' commit)."""
     if not source.reader.reads_ahead or not rows_to_driver(source):  # else the batch's own Spark jobs come after
         return

@@ -16,7 +16,7 @@ class IngestResult:
     counts are those of the commit that did the work, read back from the Delta history: totals stay exact.
     `lost_race` says a concurrent attempt at the same batch committed first; `realigned_from` is the batch the
     checkpoint wrongly claimed as the last committed one, when the lake was ahead of it; `read_ahead` says the
-    batch's read began while the batch before it committed (`onceflow.jobs.ingest.read_ahead`); `counted` says this
+    batch's read began while the batch before it committed (`onceflow.jobs.sources.read_ahead`); `counted` says this
     attempt's checkpoint update is the one that recorded the batch committed (its figures count, once; another
     attempt that committed or recorded it counts them); `times` says
     where its time went, by stage (`onceflow.jobs.ingest.stage_times`).

@@ -33,7 +33,7 @@ from onceflow.jobs.declare.record_contract import RecordContract
 from onceflow.jobs.declare.schema import quoted, type_ddl
 from onceflow.jobs.ingest.local_projection import LocalProjection, evaluated_on_driver
 from onceflow.jobs.ingest.record_fields import OPTIONS, failure, narrowed, not_an_object, strict, wide
-from onceflow.resources.batch_values import with_batch_values
+from onceflow.jobs.sources.batch_values import with_batch_values
 from onceflow.resources.plan_template import PlanTemplate
 from onceflow.resources.spark_functions import JSON_RECORD, UTF8_TEXT, compiled_functions
 

@@ -21,11 +21,11 @@ from pyspark.sql import types as T
 from onceflow.jobs.declare.declaration import Pipeline
 from onceflow.jobs.declare.durations import parse_duration
 from onceflow.jobs.declare.sources import FileSource
+from onceflow.jobs.sources.batch_values import batch_value
 from onceflow.jobs.sources.checkpoint import BatchPlan, CheckpointStore, SourceCheckpoint, planned_contract
 from onceflow.jobs.sources.landed_ids import LandedRow
 from onceflow.jobs.sources.landing import STREAM_STRIDE, BatchOutcome
 from onceflow.jobs.sources.watermark import FileWatermark, WatermarkEstimator
-from onceflow.resources.batch_values import batch_value
 from onceflow.resources.files import JsonLinesDirectory
 from onceflow.resources.plan_template import BatchValues, PlanTemplate
 

@@ -19,7 +19,6 @@ from onceflow.jobs.declare.declaration import Pipeline
 from onceflow.jobs.declare.sources import FileSource, KafkaSource
 from onceflow.jobs.dedup.buckets import BATCH_RANGES
 from onceflow.jobs.dedup.filter_store import IdFilterStore
-from onceflow.jobs.ingest.read_ahead import ReadAhead
 from onceflow.jobs.sources.checkpoint import BatchPlan, CheckpointStore, EpochStore, SourceCheckpoint
 from onceflow.jobs.sources.committed_plans import CommittedPlans
 from onceflow.jobs.sources.file_reader import FileReader
@@ -28,6 +27,7 @@ from onceflow.jobs.sources.landed_ids import LandedRow
 from onceflow.jobs.sources.landing import BatchOutcome
 from onceflow.jobs.sources.manifests import ManifestStore
 from onceflow.jobs.sources.pubsub_reader import PubSubReader
+from onceflow.jobs.sources.read_ahead import ReadAhead
 from onceflow.jobs.sources.watermark import WatermarkEstimator
 from onceflow.resources.lake import LakeResource
 from onceflow.resources.pubsub import PubSubClient
@@ -91,7 +91,7 @@ class SourceReader(Protocol):
     ) -> None:
         """Feed the estimator a committed batch. May run more than once per batch (a lost checkpoint race):
         it changes nothing but the estimator: it also runs on a copy, to propose the batch after an uncommitted one
-        (`onceflow.jobs.ingest.read_ahead`)."""
+        (`onceflow.jobs.sources.read_ahead`)."""
         ...
 
     def after_checkpoint(self, plan: BatchPlan) -> None:
@@ -123,7 +123,7 @@ class SourceRuntime:
     `manifests` keeps what each batch landed, for reconciliation after its source lets it go.
     `id_filters` and `dead_letter_filters` keep the fingerprints of the IDs the raw and dead-letter tables hold
     (None: the lake's fast path is off, or, for raw, the pipeline is at-least-once). `read_ahead` holds the next
-    batch's read while a batch commits (`onceflow.jobs.ingest.read_ahead`).
+    batch's read while a batch commits (`onceflow.jobs.sources.read_ahead`).
     """
 
     pipeline: Pipeline
