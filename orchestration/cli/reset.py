@@ -20,7 +20,6 @@ import argparse
 import json
 
 import dagster as dg
-from dagster._core.errors import DagsterHomeNotSetError
 from deltalake.exceptions import TableNotFoundError
 from deltalake.transaction import CommitProperties, Transaction
 
@@ -72,12 +71,10 @@ def cmd_reset(args: argparse.Namespace) -> int:
 
 def _run_in_flight(pipeline: Pipeline) -> str | None:
     """Why a run of the pipeline's micro-batch job is in flight in the Dagster instance of `$DAGSTER_HOME`."""
-    try:
-        instance = dg.DagsterInstance.get()
-    except DagsterHomeNotSetError:
+    if load_settings().dagster_home is None:  # `DAGSTER_HOME`: where `DagsterInstance.get` looks
         print("onceflow reset: DAGSTER_HOME is not set, so no Dagster instance was asked for runs in flight")
         return None
-    with instance:
+    with dg.DagsterInstance.get() as instance:
         runs = instance.get_runs(filters=dg.RunsFilter(job_name=f"ingest_{pipeline.name}"), limit=RUNS_LOOKED_AT)
         return in_flight(instance, list(runs), load_settings().run_start_timeout_s)
 
