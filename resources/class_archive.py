@@ -15,6 +15,7 @@ home it was made for, and set-up removes the archives whose JVM or Spark home is
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
@@ -28,6 +29,8 @@ from pyspark import SparkContext
 
 from onceflow.resources.maven_jars import jar_cache_dir
 from onceflow.resources.spark_cluster import spark_home
+
+log = logging.getLogger("onceflow")
 
 QUIET = "-Xlog:cds*=off"
 """The JVM's notes on an archive it cannot use (or, while dumping, on classes it leaves out) go to stdout."""
@@ -76,6 +79,7 @@ def ensure_class_archive(cache_dir: Path | None = None, timeout_s: float = 600) 
             note.write_text(ArchiveOrigin.here().model_dump_json())
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
+    log.info("dumping the Spark driver's class archive (about a minute, once per install)")
     partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
     done = subprocess.run(
         [sys.executable, "-m", "onceflow.resources.class_archive", str(partial)],

@@ -9,17 +9,20 @@ SHA-1 and moved into place atomically; where the network reaches Maven Central o
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
 import tempfile
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 from xml.sax.saxutils import escape
 
 from onceflow.resources.settings import load_settings
+
+log = logging.getLogger("onceflow")
 
 MAVEN_CENTRAL = "https://repo1.maven.org/maven2"
 # Pinned so that resolution does not depend on the plugin version a Maven installation defaults to.
@@ -85,7 +88,7 @@ def _download(artifact: MavenArtifact, path: Path) -> None:
     tmp = Path(tmp_name)
     try:
         try:
-            urllib.request.urlretrieve(artifact.url, tmp)
+            urllib.request.urlretrieve(artifact.url, tmp, reporthook=_progress(artifact.file_name))
             expected = urllib.request.urlopen(f"{artifact.url}.sha1", timeout=60).read().decode().split()[0]
         except OSError:
             _download_with_maven(artifact, tmp)
@@ -97,6 +100,21 @@ def _download(artifact: MavenArtifact, path: Path) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _progress(name: str) -> Callable[[int, int, int], None]:
+    """A download's progress on `onceflow`'s logger: its size when it starts, then each further tenth of it."""
+    shown = [-1]
+
+    def report(blocks: int, block_size: int, total: int) -> None:
+        tenth = min(10, blocks * block_size * 10 // total) if total > 0 else 0
+        if tenth > shown[0]:
+            shown[0] = tenth
+            size = "size unknown" if total <= 0 else (f"{total / 2**20:.1f} MB" if total >= 2**20 else
+                                                      f"{total // 1024} KB")
+            log.info(f"fetching {name} ({size}) from Maven Central: {tenth * 10}%")
+
+    return report
 
 
 def _mvn(what: str) -> str:

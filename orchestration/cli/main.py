@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -28,6 +29,8 @@ from onceflow.resources.spark_functions import ensure_spark_functions_jar
 
 
 def cmd_setup(_: argparse.Namespace) -> int:
+    # What takes a while (downloads, the class archive) says so as it goes, on stderr.
+    logging.basicConfig(level=logging.INFO, format="onceflow setup: %(message)s")
     for jar in ensure_delta_jars():
         print(f"delta jar: {jar}")
     print(f"GCS connector (gs:// homes): {ensure_gcs_connector_jar()}")
