@@ -25,6 +25,7 @@ from onceflow.jobs.declare.declaration import Pipeline
 from onceflow.jobs.delta.transactions import warm_writer
 from onceflow.jobs.ingest.micro_batch import run_micro_batch
 from onceflow.jobs.ingest.result import IngestResult
+from onceflow.jobs.raw_checks import dead_letter_evaluation
 from onceflow.jobs.run_relay import Turn, keep_going, plan_end, release, take_turn
 from onceflow.jobs.run_worker import START_TIMEOUT_S, record_worker
 from onceflow.jobs.sources.reader import SourceRuntime, open_source
@@ -211,3 +212,7 @@ def _report(
         + (" (replayed batch: already committed, nothing written)" if result.replayed else "")
     )
     context.log_event(dg.AssetMaterialization(asset_key=raw_key, metadata=metadata))
+    check = dead_letter_evaluation(source.pipeline, raw_key, metadata["dead_lettered"], metadata["records_read"],
+                                   f"batch {result.batch_id}")
+    if check is not None:
+        context.log_event(check)

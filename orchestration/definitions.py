@@ -12,6 +12,7 @@ from datetime import timedelta
 import dagster as dg
 
 from onceflow.assets.commits_check import build_commits_check
+from onceflow.assets.raw_checks import build_raw_checks
 from onceflow.assets.window_asset import build_window_asset
 from onceflow.jobs.declare.declaration import DeclarationError, Pipeline, WindowedOutput
 from onceflow.jobs.declare.durations import parse_duration
@@ -92,7 +93,8 @@ def definitions(
     return dg.Definitions(
         assets=[raw_asset(p, lake) for p in pipelines]
         + [build_window_asset(p, o, window_freshness(p, o)) for p, o in outputs],
-        asset_checks=[build_commits_check(o.asset) for _, o in outputs],
+        asset_checks=[build_commits_check(o.asset) for _, o in outputs]
+        + [check for p in pipelines for check in build_raw_checks(p)],
         jobs=[*ingest_jobs, finalize_commits, maintenance, prune],
         schedules=[maintenance_schedule, prune_schedule],
         sensors=[build_micro_batch_sensor(p, settings.idle_tick_s, settings.micro_batch_run_s, settings.keep_warm_s,

@@ -109,6 +109,16 @@ def test_the_design_example_runs_end_to_end(user_env: dict[str, str], home: Path
         got_reason, detail = dead[fields["order_id"]]
         assert got_reason == reason and named in detail, (fields, got_reason, detail)
 
+    # The raw asset's dead_letter_rate check, batch by batch: the first (7 bad lines of 17) fails, the second passes.
+    with dg.DagsterInstance.from_config(dagster_home) as instance:
+        records = instance.get_event_records(dg.EventRecordsFilter(dg.DagsterEventType.ASSET_CHECK_EVALUATION))
+    checks = [r.event_log_entry.dagster_event.event_specific_data for r in sorted(records, key=lambda r: r.storage_id)]
+    assert [(c.check_name, c.passed, c.metadata["dead_lettered"].value, c.metadata["received"].value)
+            for c in checks if c.asset_key == dg.AssetKey("raw_orders")] == [
+        ("dead_letter_rate", False, len(BAD_ORDERS) + 1, 10 + len(BAD_ORDERS) + 1),
+        ("dead_letter_rate", True, 0, len(orders) - 10 + len(retries) + len(closers)),
+    ]
+
     # Each partition of the backfill has its own figures, not the run's totals.
     per_window = {w.key: sum(1 for o in unique.values() if w.start_ms <= o.ts_ms < w.end_ms) for w in windows}
     assert len(set(per_window.values())) == 3

@@ -25,6 +25,7 @@ orders = Pipeline(
     schema="customer STRING NOT NULL, region STRING NOT NULL, amount DECIMAL(18,2) NOT NULL, note STRING",
     delivery="exactly_once",            # or "at_least_once"
     dedup_horizon="1d",
+    max_dead_letter_rate=0.2,           # the raw asset's check fails on a batch of more dead letters than this
     outputs=[
         WindowedOutput(asset="region_sales", window="5m", allowed_lateness="1m", late_policy="drop",
                        keys=["region"], transform=region_sales, sinks=[FileSink(), BigQuerySink(table="region_sales")]),

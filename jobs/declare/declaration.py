@@ -139,6 +139,8 @@ class Pipeline:
     `max_clock_skew` ahead of the batch is a dead letter. `start_date` (`YYYY-MM-DD`, UTC) is the first window
     of every output's partitions. `retention` is how long the Delta tables keep old versions: a closed window can
     be recomputed from its pinned input (a retry, a backfill) for that long after it closed, and no longer.
+    `max_dead_letter_rate` (a fraction, 0.01 for 1 %), when set, is the most of a batch's records that may be dead
+    letters before the raw asset's check `dead_letter_rate` fails (the records are kept either way).
     `time_bucket` is the raw table's partition by event time (at least a minute): the unit the dedup horizon prunes
     by, and each bucket a batch touches is a file it writes. An hour suits a live stream; a backfill whose batches
     span months wants a day. A table keeps the width it was made with.
@@ -157,6 +159,7 @@ class Pipeline:
     time_bucket: Duration = "1h"
     watermark_band: Duration | None = None
     watermark_idle: Duration | None = None
+    max_dead_letter_rate: float | None = None
     description: str | None = None
 
     def __post_init__(self) -> None:
@@ -244,6 +247,9 @@ def _check_pipeline(p: Pipeline) -> None:
         fail("time_bucket", f"{p.time_bucket!r}: a bucket is at least a minute (each is a partition of the raw table)")
     if checked_duration(p.retention, "retention", fail) < 3600:
         fail("retention", f"{p.retention!r}: keep versions at least an hour (a window's recompute needs them)")
+    rate = p.max_dead_letter_rate
+    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= 1):
+        fail("max_dead_letter_rate", f"{rate!r}: give a fraction of a batch's records, from 0 to 1 (0.01 is 1 %)")
     if not isinstance(p.max_record_bytes, int) or p.max_record_bytes < 1:
         fail("max_record_bytes", f"{p.max_record_bytes!r} must be a positive number of bytes")
     try:
