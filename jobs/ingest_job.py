@@ -100,7 +100,7 @@ def build_ingest_job(
         fault_point("run.before_work")
         record_worker(context)
         source, tags = open_source(pipeline, onceflow_lake, onceflow_pubsub.client), source_tag(pipeline)
-        # A classic session lives as long as the run's process: built once (building it again took 12 ms a batch).
+        # A classic session lives as long as the run's process: built once, not again for every batch.
         # A Connect engine may restart under a run: asked for each batch, the session starts anew on the new one.
         spark = onceflow_spark
         get_spark = spark.get_session if spark.remote else functools.cache(spark.get_session)
@@ -132,10 +132,9 @@ def _take_batches(
     """Take the source's next batch, then, for a worker run (`until`: its planned end, and the start timeout of the
     runs it hands over to), the next ones while `keep_going` says so; how many batches committed.
 
-    A batch's log line and materialization are written to the instance (tens of ms on SQLite, a round trip on
-    Postgres) on a thread of their own, in order, while the next batch runs. Before its planned end, a run asks
-    whether another run waits for it about once a second, not once a batch: each ask reads the source's runs from
-    the instance (30 ms on SQLite).
+    A batch's log line and materialization are written to the instance (a write to its storage each) on a thread
+    of their own, in order, while the next batch runs. Before its planned end, a run asks whether another run waits
+    for it about once a second, not once a batch: each ask reads the source's runs from the instance.
     """
     tags, (requested_ms, requested_by), (until_ms, start_timeout_s) = source_tag(source.pipeline), first_request, until
     committed, asked_ms = 0, _now_ms()

@@ -68,7 +68,7 @@ class JsonLinesDirectory:
         parts match a path's last parts; links to directories are not followed), sorted by their parts.
 
         Listed as strings, each part's pattern compiled once: a directory that keeps its files is listed on every
-        poll, and `Path.rglob` cost a poll of 450 files 12 ms."""
+        poll, and `Path.rglob` builds a path object and matches every pattern part anew for each file."""
         *above, last = (re.compile(fnmatch.translate(part)).match for part in self.pattern.split("/"))
         found: list[tuple[str, ...]] = []
         for top, _, names in os.walk(self.directory):

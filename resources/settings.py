@@ -224,7 +224,8 @@ def load_settings(**overrides: object) -> Settings:
 @functools.lru_cache(maxsize=8)
 def _validated(environment: tuple[tuple[str, str], ...], overrides: tuple[tuple[str, object], ...]) -> Settings:
     """The settings of one state of the environment (its items, which `Settings` reads again): a batch asks for
-    them at each of its steps, and validating them took 8 ms each time. An invalid environment is not kept."""
+    them at each of its steps, and validating them each time cost a batch more than its checkpoint did. An invalid
+    environment is not kept."""
     try:
         return Settings(**dict(overrides))
     except ValidationError as error:

@@ -112,7 +112,7 @@ def build_spark_session(
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
-    # A Py4J reply over 8 KiB waited 40 ms for a delayed ACK (`Py4JNoDelay.java`); where this JDK hides a thread's
+    # A Py4J reply over 8 KiB waited for the client's delayed ACK (`Py4JNoDelay.java`); where this JDK hides a thread's
     # connection (-1), calls stay correct, and only slower.
     session._jvm.io.onceflow.Py4JNoDelay.apply()
     return with_gcs_settings(session)

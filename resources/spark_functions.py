@@ -55,7 +55,7 @@ def register_spark_functions(spark: SparkSession) -> None:
     """Register onceflow's SQL functions in `spark`'s session where it lacks them (a restarted engine forgets them).
 
     They are registered together, the last of `SQL_FUNCTIONS` last, so an engine that has it has them all: one
-    question a batch (it was 7 ms for three). A classic session's functions live in its own JVM, as long as it:
+    question a batch, not one per function. A classic session's functions live in its own JVM, as long as it:
     it is asked once.
 
     Raises `SparkFunctionsMissingError`, naming the fix, where the engine cannot load onceflow's classes.

@@ -102,13 +102,12 @@ _PER_BLOCK = 4
 
 
 def _directory(first: np.ndarray) -> tuple[np.ndarray, int] | None:
-    """For a sorted run of more than 2 M first halves (16 MB, beyond the processor's caches), else None: where each
+    """For a sorted run of more than 2 M first halves (16 MB: beyond a processor's caches), else None: where each
     block of first halves sharing their leading bits starts, the blocks about four long (fingerprints are uniform),
     and the shift that leaves a first half's block.
 
-    A search reads a key's block bounds, then a few adjacent first halves: a binary search of a whole run missed
-    the caches at most of its 23 steps for 10 M IDs (5 ms for 25,000 IDs, against 2.6 ms so; a search through
-    every 64th first half took 3.9)."""
+    A search reads a key's block bounds, then a few adjacent first halves: a binary search of a whole run misses
+    the caches at most of its steps (its cost against this one's: docs/performance.md, "Measured choices")."""
     if len(first) <= _DIRECTORY_FROM:
         return None
     bits = max(1, (len(first) // _PER_BLOCK).bit_length())
@@ -210,8 +209,8 @@ class IdFilters:
     unsaved: set[int] = field(default_factory=set)
     _index: _Index | None = field(default=None, repr=False, compare=False)
     """Every bucket's fingerprints in one sorted run (`index`), and those added since (`_recent`), merged into it
-    once they are a sixteenth of it: a batch's IDs are searched twice, not once per bucket (20 searches of 25,000
-    IDs took 25 ms at 1 M IDs and 37 ms at 10 M; two take 5 and 11), and an add costs about its own size."""
+    once they are a sixteenth of it: a batch's IDs are searched twice, not once per bucket, and an add costs about
+    its own size."""
     _recent: _Index | None = field(default=None, repr=False, compare=False)
 
     def seen(self, prints: Fingerprints) -> np.ndarray:

@@ -32,7 +32,7 @@ def post_commit_hooks(table: DeltaTable) -> PostCommitHookProperties:
     """What delta-rs does after a commit on `table` (at the version before it): a checkpoint every
     `delta.checkpointInterval` commits, and with it, only then, the log entries past the table's retention removed
     (if the table allows), as Spark's Delta does. delta-rs would clean the log after every commit, listing all of
-    it: a commit on a log of 2,000 commits cost 30 ms, against 8 ms without."""
+    it, a cost that grows with the log."""
     interval = int(table.metadata().configuration.get("delta.checkpointInterval", DELTA_RS_CHECKPOINT_INTERVAL))
     checkpointed = (table.version() + 2) % interval == 0  # delta-rs checkpoints version v when interval divides v + 1
     return PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=None if checkpointed else False)

@@ -8,8 +8,8 @@ for that long after the window closed. `maintain` then
 - compacts the raw table only in time buckets below the dedup horizon: no MERGE inserts there any more (records
   that old are dead letters), so compaction never conflicts with ingest;
 - compacts each window table whole: every window step's MERGE adds a small file (1,440 a day for 1-minute
-  windows), and a new driver's first MERGE loads them all (33 s at 10,000 files, 11 s at 100: a classic run's
-  window step). A window MERGE that loses a race with it merges again, and so does the compaction;
+  windows), and a new driver's first MERGE loads them all (a classic run's window step, which slows with their
+  number). A window MERGE that loses a race with it merges again, and so does the compaction;
 - compacts the dead-letter table whole (it is not partitioned): a batch with one bad record adds a file to it. A
   dead-letter append decided on the version before a compaction fails and is decided again, like any append that
   lost a race (`onceflow.jobs.ingest.batch_commit.commit_once`); the ID filters skip a compaction's files, which

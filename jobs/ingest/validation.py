@@ -120,12 +120,11 @@ def explain_flagged(spark: SparkSession, contract: RecordContract, rows: pa.Tabl
     Only when there are some, and over the flagged records' payloads only: in the batch's own plan, those
     expressions cost every batch a tenth of a second to analyze, and a copy of each of its rows (Spark does not
     compile them into its stage), whether or not a record was flagged. On a classic session they are evaluated on
-    the driver (`LocalProjection`; 30 ms for a realistic batch's 190 flagged records, where a Spark job took 170 ms,
-    nearly all of it analysing and planning them again); over Spark Connect, on the server's driver in the same way
+    the driver (`LocalProjection`, where a Spark job spent nearly all its time analysing and planning them again);
+    over Spark Connect, on the server's driver in the same way
     (`evaluated_on_driver`) where onceflow started the server, else by a second Spark job. Even the
     question whether a payload is a JSON object at all is asked here, not in the batch's plan: it is a second
-    `from_json`, which Spark does not compile either, and in the plan it cost every batch a copy of its rows
-    (70 ms of a realistic batch's 470)."""
+    `from_json`, which Spark does not compile either, and in the plan it cost every batch a copy of its rows."""
     mask = pc.fill_null(pc.equal(rows["reason"], FLAGGED), False).combine_chunks()
     if not pc.any(mask).as_py():
         return rows

@@ -7,7 +7,7 @@ materialization wrote.
 - `unaccounted_late`: per closed window, the raw rows now = the records at the close + the late ones.
 - `duplicate_record_ids`: record IDs twice in raw within the dedup horizon below the watermark; a window run asks
   only about the time buckets its windows overlap, which costs the same however long the horizon (a count of
-  distinct IDs over the whole horizon took 17.5 s at 10 M rows, every minute for 1-minute windows), and the daily
+  distinct IDs over the whole horizon grows with it, and would run every minute for 1-minute windows), and the daily
   `maintain_tables` job audits the whole horizon.
 """
 

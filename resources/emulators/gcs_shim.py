@@ -39,7 +39,7 @@ class LoopbackProxy:
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
             # The status line and headers, then the body, go out as separate writes: with Nagle's algorithm on,
-            # the body waits for the client's delayed ACK of the headers, 40 ms on every answer.
+            # the body waits for the client's delayed ACK of the headers, on every answer.
             disable_nagle_algorithm = True
 
             def _serve(self) -> None:
