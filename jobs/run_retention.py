@@ -5,6 +5,10 @@ A source makes a run every few seconds (thousands a day), and Dagster keeps ever
 setting prunes sensor and schedule ticks only. Nothing in onceflow reads an old finished run: sensors look at runs
 in flight and at the newest runs of a source, and a failed run's retry is created within minutes. The prune job's
 own runs go too. Runs still queued or running are never touched, whatever their age.
+
+The raw asset's history outlives the runs: each materialization a pruned run made (a batch: its figures, its
+`dagster/row_count`) is reported again, run-less, before the run is deleted, so the asset's plots and its
+catalogue page keep every batch; what goes is the run's own record and logs.
 """
 
 import time
@@ -28,9 +32,31 @@ def prune_runs(
         filters = dg.RunsFilter(job_name=job_name, statuses=FINISHED, updated_before=cutoff)
         while run_ids := instance.get_run_ids(filters=filters, limit=PAGE):
             for run_id in run_ids:
+                keep_materializations(instance, run_id)
                 instance.delete_run(run_id)
             deleted += len(run_ids)
     return deleted
+
+
+def keep_materializations(instance: dg.DagsterInstance, run_id: str) -> int:
+    """Report the materializations of run `run_id` again without a run (naming it and when it made each), so that
+    deleting the run keeps them; how many."""
+    kept, cursor = 0, None
+    while True:
+        page = instance.get_records_for_run(run_id, cursor=cursor, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
+        for record in page.records:
+            event = record.event_log_entry.asset_materialization
+            if event is None:
+                continue
+            metadata = {**event.metadata, "pruned_run_id": run_id,
+                        "materialized_at_ms": int(record.event_log_entry.timestamp * 1000)}
+            instance.report_runless_asset_event(dg.AssetMaterialization(
+                event.asset_key, description=event.description, metadata=metadata, partition=event.partition,
+                tags=event.tags))
+            kept += 1
+        if not page.has_more:
+            return kept
+        cursor = page.cursor
 
 
 def build_run_retention_job(

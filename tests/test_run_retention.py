@@ -1,5 +1,6 @@
 """Run history stays bounded: `prune_runs` deletes finished micro-batch runs older than the retention, with their
-event logs, and keeps runs in flight, newer runs and other jobs' runs; on SQLite and on a real PostgreSQL."""
+event logs, and keeps runs in flight, newer runs and other jobs' runs, and the raw asset's materializations;
+on SQLite and on a real PostgreSQL."""
 
 from __future__ import annotations
 
@@ -19,6 +20,12 @@ HOUR_S = 3600.0
 @dg.op
 def step() -> None:
     return None
+
+
+@dg.op
+def committing_step(context) -> None:
+    for batch in (7, 8):  # as a micro-batch run records its batches
+        context.log_event(dg.AssetMaterialization("raw_events", metadata={"batch_id": batch, "dagster/row_count": batch}))
 
 
 @dg.op
@@ -64,6 +71,19 @@ def test_old_finished_micro_batch_runs_are_deleted_and_the_rest_kept(instance: d
     assert set(instance.get_run_ids()) == {old_in_flight, old_other, new_done}
     assert all(instance.all_logs(run_id) == [] for run_id in old_done)  # their event logs went with them
     assert instance.all_logs(new_done)
+
+
+def test_the_raw_assets_history_outlives_the_pruned_runs(instance: dg.DagsterInstance) -> None:
+    job = dg.GraphDefinition(name="ingest_events", node_defs=[committing_step]).to_job()
+    run_id = job.execute_in_process(instance=instance).run_id
+
+    assert prune_runs(instance, ["ingest_events"], 0.0) == 1
+
+    assert run_id not in instance.get_run_ids() and instance.all_logs(run_id) == []
+    history = instance.fetch_materializations(dg.AssetKey("raw_events"), limit=10).records
+    events = [(r.asset_materialization.metadata, r.run_id) for r in history if r.asset_materialization is not None]
+    kept = sorted((metadata["batch_id"].value, metadata["pruned_run_id"].value, run) for metadata, run in events)
+    assert kept == [(7, run_id, ""), (8, run_id, "")]  # every batch, run-less, naming the run that made it
 
 
 def test_the_prune_job_deletes_every_finished_micro_batch_run_past_the_retention(
