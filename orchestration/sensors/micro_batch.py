@@ -52,7 +52,9 @@ def active(instance: dg.DagsterInstance, pipeline: Pipeline, checkpoint: SourceC
     """Whether the source committed a batch in the last `within_s` seconds, or some window waits for its watermark:
     then a worker run is relayed by the next one instead of ending."""
     latest = instance.get_latest_materialization_event(raw_asset_key(pipeline))
-    return (latest is not None and time.time() - latest.timestamp < within_s) or windows_open(pipeline, checkpoint)
+    # A run-less one is a pruned run's batch reported again (`run_retention`): old news, whenever reported.
+    recent = latest is not None and bool(latest.run_id) and time.time() - latest.timestamp < within_s
+    return recent or windows_open(pipeline, checkpoint)
 
 
 def relay_request(
