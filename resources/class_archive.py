@@ -41,23 +41,37 @@ class ClassArchiveError(RuntimeError):
 
 
 class ArchiveOrigin(BaseModel):
-    """What an archive was made for, kept beside it (`<archive>.json`)."""
+    """What an archive was made for, kept beside it (`<archive>.json`): the JVM, the Spark home, and that home's
+    install (its jars' directory's change time: a JVM refuses an archive whose jars were written again, so a
+    pyspark reinstalled in place, or a virtualenv made again at the same path, needs an archive of its own)."""
 
     java: str
     spark_home: str
+    installed_ns: int | None = None
 
     @classmethod
     def here(cls) -> ArchiveOrigin:
-        return cls(java=os.path.realpath(shutil.which("java") or "java"), spark_home=str(spark_home()))
+        home = spark_home()
+        return cls(java=os.path.realpath(shutil.which("java") or "java"), spark_home=str(home),
+                   installed_ns=_installed_ns(home))
 
     def gone(self) -> bool:
-        return not (Path(self.java).exists() and Path(self.spark_home).is_dir())
+        if not (Path(self.java).exists() and Path(self.spark_home).is_dir()):
+            return True
+        return self.installed_ns is not None and self.installed_ns != _installed_ns(Path(self.spark_home))
+
+
+def _installed_ns(home: Path) -> int | None:
+    try:
+        return (home / "jars").stat().st_mtime_ns
+    except OSError:
+        return None
 
 
 def class_archive_path(cache_dir: Path | None = None) -> Path:
     """Where the archive of this JVM and this pyspark install is (or would be)."""
     origin = ArchiveOrigin.here()
-    key = f"{origin.java}|{pyspark.__version__}|{origin.spark_home}"
+    key = f"{origin.java}|{pyspark.__version__}|{origin.spark_home}|{origin.installed_ns}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return (cache_dir or jar_cache_dir()) / "class-archives" / f"spark-{pyspark.__version__}-{digest}.jsa"
 

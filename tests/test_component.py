@@ -13,6 +13,7 @@ from dagster.components.core.package_entry import discover_entry_point_package_o
 from dagster_shared.serdes.objects import EnvRegistryKey
 
 from onceflow.orchestration.component import OnceflowPipelines
+from onceflow.orchestration.deployments import BIGQUERY, LAKE, PUBSUB, SPARK
 from onceflow.resources.spark_connect import SparkConnectServer
 
 PIPELINES_MODULE = "from tests.user_pipelines import clicks\n\nPIPELINES = [clicks]\n"
@@ -74,7 +75,7 @@ def test_a_defs_yaml_adds_the_pipelines_to_a_dg_project(project: Path) -> None:
     assert isinstance(policy, dg.FreshnessPolicy)
     assert policy.fail_window.to_timedelta() == timedelta(hours=1, seconds=10 + 120, minutes=5)
     assert defs.get_assets_def("daily_users").partitions_def.cron_schedule == "0 0 * * *"
-    assert {"spark", "lake", "pubsub", "bigquery"} <= set(defs.resources or {})
+    assert {SPARK, LAKE, PUBSUB, BIGQUERY} <= set(defs.resources or {})
 
 
 def test_the_component_s_deployment_chooses_the_resources(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -89,7 +90,7 @@ def test_the_component_s_deployment_chooses_the_resources(project: Path, monkeyp
 
     monkeypatch.setenv("ONCEFLOW_PUBSUB_PROJECT", "my-gcp-project")
     defs = dg.load_from_defs_folder(path_within_project=project)
-    pubsub = (defs.resources or {})["pubsub"]
+    pubsub = (defs.resources or {})[PUBSUB]
     assert (pubsub.project, pubsub.emulator_host) == ("my-gcp-project", None)
 
 

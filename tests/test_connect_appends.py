@@ -24,7 +24,7 @@ from pyspark.sql import types as T
 from onceflow.jobs.delta.schema_evolution import TableSchemaError
 from onceflow.jobs.delta.staging import remove_abandoned_staging
 from onceflow.jobs.delta.transactions import append_once, create_table_once, table_properties
-from onceflow.orchestration.cli.main import PROJECT_ROOT
+from onceflow.orchestration.checkout import PROJECT_ROOT
 from onceflow.resources.faults import CRASH_EXIT_CODE
 from onceflow.resources.spark_connect import SparkConnectServer
 

@@ -21,7 +21,9 @@ from tests.delta_reader import read_rows
 from tests.pipelines import dagster_micro_batch, events_from_files
 from tests.test_windows import write_events
 
-TIMEOUT_S = 8
+# Longer than the next run's own start-up on a loaded machine, so that it finds the killed run still holding the
+# source and says what it waits for.
+TIMEOUT_S = 40
 
 
 def killed_at_creation(instance: dg.DagsterInstance, env: dict[str, str], tries: int = 3) -> dg.DagsterRun:

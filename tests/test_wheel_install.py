@@ -158,11 +158,11 @@ def test_a_dagster_project_with_its_own_assets_and_resources_loads_beside_oncefl
     assert "wrote" in run(str(venv / "bin" / "onceflow"), "init", "--module", "toy_definitions").stdout
     assert "RunLauncher" in (project / ".dagster" / "dagster.yaml").read_text()
     run(str(venv / "bin" / "onceflow"), "setup")
-    run(str(venv / "bin" / "dagster"), "definitions", "validate", "-w", "workspace.yaml")
+    run(str(python), "-m", "dagster", "definitions", "validate", "-w", "workspace.yaml")
     now = int(time.time() * 1000)
     orders = [{"order_id": f"o{n}", "ts": now - 60_000 + n, "region": "eu", "amount": "2.50"} for n in range(3)]
     (project / "orders" / "a.jsonl").write_text("".join(json.dumps(o) + "\n" for o in [*orders, orders[0]]))
-    run(str(venv / "bin" / "dagster"), "job", "execute", "-m", "toy_definitions", "-j", "ingest_toy_orders")
+    run(str(python), "-m", "dagster", "job", "execute", "-m", "toy_definitions", "-j", "ingest_toy_orders")
     raw = DeltaTable(str(lake / "lake" / "raw" / "toy_orders")).to_pyarrow_table(columns=["record_id", "amount"])
     assert sorted(raw.column("record_id").to_pylist()) == ["o0", "o1", "o2"]
     assert not [name for name in env if name.startswith("ONCEFLOW_")]
