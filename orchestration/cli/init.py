@@ -27,7 +27,9 @@ def init_project(directory: Path, module: str = BUNDLED_MODULE, storage: str = "
     there = [str(p) for p in (workspace, instance) if p.exists()]
     if there and not force:
         raise InitError(f"{', '.join(there)} already there: keep them, or run `onceflow init --force`")
-    return [write_workspace(workspace, module), write_instance(instance.parent, storage)]
+    # The project's modules import from its directory, wherever `dagster` is run from (Dagster takes a module's
+    # working directory as written, not relative to the workspace file).
+    return [write_workspace(workspace, module, directory.resolve()), write_instance(instance.parent, storage)]
 
 
 def cmd_init(args: argparse.Namespace) -> int:

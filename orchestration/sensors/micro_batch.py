@@ -52,8 +52,10 @@ def active(instance: dg.DagsterInstance, pipeline: Pipeline, checkpoint: SourceC
     """Whether the source committed a batch in the last `within_s` seconds, or some window waits for its watermark:
     then a worker run is relayed by the next one instead of ending."""
     latest = instance.get_latest_materialization_event(raw_asset_key(pipeline))
-    # A run-less one is a pruned run's batch reported again (`run_retention`): old news, whenever reported.
-    recent = latest is not None and bool(latest.run_id) and time.time() - latest.timestamp < within_s
+    # A pruned run's batch reported again (`run_retention`) is old news, whenever it was reported.
+    pruned = latest is not None and latest.asset_materialization is not None and (
+        "pruned_run_id" in latest.asset_materialization.metadata)
+    recent = latest is not None and not pruned and time.time() - latest.timestamp < within_s
     return recent or windows_open(pipeline, checkpoint)
 
 
