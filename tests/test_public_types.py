@@ -32,7 +32,7 @@ show_error_context = False
 error_summary = False
 incremental = False
 
-[mypy-pyspark.*,dagster.*,dagster_gcp.*,dagster_pyspark.*,pandas.*,pyarrow.*,google.*,deltalake.*,confluent_kafka.*]
+[mypy-pyspark.*,dagster.*,dagster_gcp.*,pandas.*,pyarrow.*,google.*,deltalake.*,confluent_kafka.*]
 follow_imports = skip
 """
 
