@@ -29,7 +29,7 @@ from onceflow.jobs.raw_checks import dead_letter_evaluation
 from onceflow.jobs.run_relay import Turn, keep_going, plan_end, release, take_turn
 from onceflow.jobs.run_worker import START_TIMEOUT_S, record_worker
 from onceflow.jobs.sources.reader import SourceRuntime, open_source
-from onceflow.jobs.table_metadata import row_count
+from onceflow.jobs.table_metadata import RowCounts
 from onceflow.resources.faults import fault_point
 from onceflow.resources.lake import LakeResource
 from onceflow.resources.pubsub import PubSubResource
@@ -138,6 +138,7 @@ def _take_batches(
     """
     tags, (requested_ms, requested_by), (until_ms, start_timeout_s) = source_tag(source.pipeline), first_request, until
     committed, asked_ms = 0, _now_ms()
+    rows = RowCounts(source.raw_path)
     with ThreadPoolExecutor(1, thread_name_prefix="onceflow-report") as reports:
         reported: Future | None = None
         while True:
@@ -146,7 +147,7 @@ def _take_batches(
                 metadata = _metadata(source, result, requested_ms, requested_by)
                 if reported is not None:
                     reported.result()
-                reported = reports.submit(_report, context, raw_key, source, result, metadata)
+                reported = reports.submit(_report, context, raw_key, source, result, metadata, rows)
                 committed += 1
             if until_ms is None:
                 break
@@ -198,13 +199,13 @@ def _metadata(source: SourceRuntime, result: IngestResult, requested_ms: int, re
 
 def _report(
     context: dg.OpExecutionContext, raw_key: dg.AssetKey, source: SourceRuntime, result: IngestResult,
-    metadata: dict[str, Any],
+    metadata: dict[str, Any], rows: RowCounts,
 ) -> None:
-    """Say what a committed batch did and record it as a materialization, with the table's rows (Dagster's
-    `dagster/row_count`, read from the log here, beside the next batch)."""
-    rows = row_count(source.raw_path, result.raw_version) if result.raw_version is not None else None
-    if rows is not None:
-        metadata = {**metadata, "dagster/row_count": rows}
+    """Say what a committed batch did and record it as a materialization, with the table's rows now and then
+    (Dagster's `dagster/row_count`, read from the log here, beside the next batch)."""
+    count = rows.at(result.raw_version)
+    if count is not None:
+        metadata = {**metadata, "dagster/row_count": count}
     context.log.info(
         f"{source.pipeline.source_id} batch {result.batch_id}: read {result.received}, inserted {result.inserted}, "
         f"duplicates {result.duplicates}, dead-lettered {result.dead_lettered_new}; {result.times}"
