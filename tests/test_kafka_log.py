@@ -19,8 +19,6 @@ from tests.delta_reader import read_rows
 from tests.pipelines import dagster_micro_batch, drain, onceflow_cli
 from tests.test_kafka_source import click, clicks_source, produce
 
-pytestmark = pytest.mark.engine_paths
-
 
 @pytest.fixture
 def topic(kafka_broker: KafkaBroker, monkeypatch: pytest.MonkeyPatch) -> str:

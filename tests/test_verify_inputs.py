@@ -27,8 +27,6 @@ from onceflow.resources.settings import load_settings
 from tests.pipelines import builtin, drain, events_from_files, onceflow_cli
 from tests.test_kafka_source import clicks_source, produce
 
-pytestmark = pytest.mark.engine_paths
-
 
 def iso_us(ms: int, micros: int) -> str:
     """An event time as `datetime.isoformat()` writes one: with microseconds."""
