@@ -9,6 +9,7 @@ limits it to the pipelines named. `verify` is `onceflow.orchestration.cli.verify
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -22,7 +23,13 @@ from onceflow.jobs.sources.checkpoint import SourceCheckpoint
 from onceflow.jobs.sources.reader import SourceRuntime, open_source, source_watermark_ms
 from onceflow.jobs.windows.panes import CloseStore, Window
 from onceflow.orchestration.cli.commits import describe
-from onceflow.orchestration.cli.verify import UnknownPipeline, add_selection, cmd_verify, selected
+from onceflow.orchestration.cli.verify import (
+    UnknownPipeline,
+    add_selection,
+    cmd_verify,
+    selected,
+    stdout_to_stderr,
+)
 from onceflow.orchestration.deployments import LAKE, PUBSUB, resources_for
 from onceflow.orchestration.pipelines import load_pipelines
 from onceflow.orchestration.sensors.window import final_pane_committed
@@ -147,7 +154,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     except UnknownPipeline as error:
         print(f"onceflow status: {error}", file=sys.stderr)
         return 2
-    doc = status_document(pipelines, resources_for(settings))
+    with stdout_to_stderr() if args.json else contextlib.nullcontext():
+        doc = status_document(pipelines, resources_for(settings))
     if args.json:
         print(json.dumps(doc, indent=2, default=str))
         return 0

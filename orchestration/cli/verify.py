@@ -6,9 +6,12 @@ never a traceback for what the tables or the sources hold. `--json` prints one d
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
+import os
 import sys
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from onceflow.jobs.declare.declaration import Pipeline
@@ -105,21 +108,36 @@ def print_pipeline(name: str, source: SourceReconciliation, outputs: dict[str, l
     return held
 
 
+def verify_document(spark: SparkSession, pipelines: list[Pipeline], lake: LakeResource) -> dict[str, Any]:
+    """The reconciliation of every pipeline as one JSON document; `holds` when exactly-once held everywhere."""
+    documents = [pipeline_document(p.name, *reconcile_pipeline(spark, p, lake)) for p in pipelines]
+    return {"home": lake.home, "holds": all(d["holds"] for d in documents), "pipelines": documents}
+
+
 def verify(spark: SparkSession, pipelines: list[Pipeline], lake: LakeResource, as_json: bool = False) -> bool:
     """Print the reconciliation of every pipeline, each with a verdict of its own (as text, or one JSON document);
     True when exactly-once held everywhere."""
-    documents, held_everywhere = [], True
-    for pipeline in pipelines:
-        source, outputs = reconcile_pipeline(spark, pipeline, lake)
-        if as_json:
-            documents.append(pipeline_document(pipeline.name, source, outputs))
-            held = documents[-1]["holds"]
-        else:
-            held = print_pipeline(pipeline.name, source, outputs)
-        held_everywhere = held_everywhere and held
     if as_json:
-        print(json.dumps({"home": lake.home, "holds": held_everywhere, "pipelines": documents}, indent=2))
-    return held_everywhere
+        document = verify_document(spark, pipelines, lake)
+        print(json.dumps(document, indent=2))
+        return document["holds"]
+    held = [print_pipeline(p.name, *reconcile_pipeline(spark, p, lake)) for p in pipelines]
+    return all(held)
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """While it lasts, whatever is written to the process's stdout (a Spark JVM's notes, on a classic session) goes
+    to stderr: a command's JSON, printed after, is then all its stdout holds."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -127,7 +145,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
         settings = load_settings()
         pipelines = selected(load_pipelines(settings), args.pipeline)
         resources = resources_for(settings)
-        ok = verify(resources[SPARK].get_session(), pipelines, resources[LAKE], as_json=args.json)
+        if args.json:
+            with stdout_to_stderr():
+                document = verify_document(resources[SPARK].get_session(), pipelines, resources[LAKE])
+            print(json.dumps(document, indent=2))
+            ok = document["holds"]
+        else:
+            ok = verify(resources[SPARK].get_session(), pipelines, resources[LAKE])
     except Exception as error:
         print(f"onceflow verify: could not reconcile: {type(error).__name__}: {error}", file=sys.stderr)
         return 2
