@@ -26,6 +26,7 @@ from onceflow.jobs.delta.transactions import warm_writer
 from onceflow.jobs.ingest.micro_batch import run_micro_batch
 from onceflow.jobs.ingest.result import IngestResult
 from onceflow.jobs.raw_checks import dead_letter_evaluation
+from onceflow.jobs.record_publisher import RecordPublisher, publication_events
 from onceflow.jobs.run_relay import Turn, keep_going, plan_end, release, take_turn
 from onceflow.jobs.run_worker import START_TIMEOUT_S, record_worker
 from onceflow.jobs.sources.reader import SourceRuntime, open_source
@@ -108,7 +109,14 @@ def build_ingest_job(
                          start_timeout_s=start_timeout_s, say=context.log.info)
         first_request = _first_request(context, turn)
         until_ms = plan_end(context.instance, context.run_id, run_s) if run_s else None
-        committed = _take_batches(context, raw_key, get_spark, source, (until_ms, start_timeout_s), first_request)
+        publisher = (RecordPublisher(source, onceflow_lake, (context.run_id, context.run.root_run_id or context.run_id))
+                     if pipeline.record_outputs else None)
+        try:
+            committed = _take_batches(context, raw_key, get_spark, source, (until_ms, start_timeout_s), first_request,
+                                      publisher)
+        finally:
+            if publisher is not None:
+                publisher.close()
         source.read_ahead.drop()  # the next run reads that batch itself: nothing of this run's Spark work outlives it
         release(context.instance, context.run_id)
         if not committed:
@@ -128,12 +136,13 @@ def build_ingest_job(
 def _take_batches(
     context: dg.OpExecutionContext, raw_key: dg.AssetKey, get_spark: Callable[[], SparkSession],
     source: SourceRuntime, until: tuple[int | None, float], first_request: tuple[int, str],
+    publisher: RecordPublisher | None = None,
 ) -> int:
     """Take the source's next batch, then, for a worker run (`until`: its planned end, and the start timeout of the
     runs it hands over to), the next ones while `keep_going` says so; how many batches committed.
 
     A batch's log line and materialization are written to the instance (a write to its storage each) on a thread
-    of their own, in order, while the next batch runs. Before its planned end, a run asks whether another run waits
+    of their own, in order, while the next batch runs; so is its publication to the record outputs (`publisher`). Before its planned end, a run asks whether another run waits
     for it about once a second, not once a batch: each ask reads the source's runs from the instance.
     """
     tags, (requested_ms, requested_by), (until_ms, start_timeout_s) = source_tag(source.pipeline), first_request, until
@@ -148,6 +157,8 @@ def _take_batches(
                 if reported is not None:
                     reported.result()
                 reported = reports.submit(_report, context, raw_key, source, result, metadata, rows)
+                if publisher is not None:
+                    reported = reports.submit(_publish, context, publisher, get_spark, result)
                 committed += 1
             if until_ms is None:
                 break
@@ -216,3 +227,16 @@ def _report(
                                    f"batch {result.batch_id}")
     if check is not None:
         context.log_event(check)
+
+
+def _publish(
+    context: dg.OpExecutionContext, publisher: RecordPublisher, get_spark: Callable[[], SparkSession],
+    result: IngestResult,
+) -> None:
+    """Publish a committed batch to the record outputs (on the report thread: after its raw materialization)."""
+    for publication in publisher.publish(get_spark, result):
+        context.log.info(f"{publication.output.asset} batch {publication.batch}: {publication.rows} rows, "
+                         f"{publication.result.outcome} in {publication.ms:.0f} ms"
+                         + (f" ({publication.result.error})" if publication.result.error else ""))
+        for event in publication_events(publication):
+            context.log_event(event)

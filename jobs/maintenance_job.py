@@ -35,7 +35,7 @@ def build_maintenance_job(pipelines: list[Pipeline]) -> tuple[dg.JobDefinition, 
             checkpoint = source.checkpoints.load()
             floor = horizon_floor_ms(pipeline.delivery, pipeline.dedup_horizon_s, checkpoint)
             tables = {"raw": source.raw_path, "dead_letter": source.dead_letter_path}
-            tables |= {o.asset: onceflow_lake.table_path(o.table) for o in pipeline.outputs}
+            tables |= {o.asset: onceflow_lake.table_path(o.table) for o in pipeline.windowed_outputs}
             reports = maintain(session, pipeline, tables, floor)
             if pipeline.delivery == "exactly_once" and any(r.table == "raw" for r in reports):
                 duplicates[pipeline.name] = duplicate_record_ids(

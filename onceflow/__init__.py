@@ -4,6 +4,7 @@ What a data engineer imports (DESIGN section 6a):
 
     import onceflow
     from onceflow import BigQuerySink, FileSink, FileSource, KafkaSource, Pipeline, PubSubSource, WindowedOutput
+    from onceflow import KafkaSink, PostgresSink, RecordOutput, Sink   # record outputs (section 6b)
 
     defs = onceflow.definitions([my_pipeline])   # a Dagster `Definitions` for a project's code location
 
@@ -21,13 +22,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from onceflow.jobs.declare.declaration import (
-        BigQuerySink,
-        DeclarationError,
-        FileSink,
-        Pipeline,
-        WindowedOutput,
-    )
+    from onceflow.jobs.declare.declaration import BigQuerySink, DeclarationError, Pipeline, WindowedOutput
+    from onceflow.jobs.declare.file_sink import FileSink
+    from onceflow.jobs.declare.kafka_sink import KafkaSink
+    from onceflow.jobs.declare.postgres_sink import PostgresSink
+    from onceflow.jobs.declare.record_output import RecordOutput
+    from onceflow.jobs.declare.sink import Commit, Sink
     from onceflow.jobs.declare.sources import FileSource, KafkaSource, PubSubSource
     from onceflow.orchestration.component import OnceflowPipelines
     from onceflow.orchestration.definitions import definitions
@@ -36,8 +36,13 @@ __version__ = "0.2.0"
 
 _PUBLIC = {
     "BigQuerySink": "onceflow.jobs.declare.declaration",
+    "Commit": "onceflow.jobs.declare.sink",
     "DeclarationError": "onceflow.jobs.declare.declaration",
-    "FileSink": "onceflow.jobs.declare.declaration",
+    "FileSink": "onceflow.jobs.declare.file_sink",
+    "KafkaSink": "onceflow.jobs.declare.kafka_sink",
+    "PostgresSink": "onceflow.jobs.declare.postgres_sink",
+    "RecordOutput": "onceflow.jobs.declare.record_output",
+    "Sink": "onceflow.jobs.declare.sink",
     "FileSource": "onceflow.jobs.declare.sources",
     "KafkaSource": "onceflow.jobs.declare.sources",
     "Pipeline": "onceflow.jobs.declare.declaration",
@@ -48,13 +53,18 @@ _PUBLIC = {
 }
 __all__ = [
     "BigQuerySink",
+    "Commit",
     "DeclarationError",
     "FileSink",
     "FileSource",
+    "KafkaSink",
     "KafkaSource",
     "OnceflowPipelines",
     "Pipeline",
+    "PostgresSink",
     "PubSubSource",
+    "RecordOutput",
+    "Sink",
     "WindowedOutput",
     "__version__",
     "definitions",

@@ -13,13 +13,15 @@ import dagster as dg
 
 from onceflow.assets.commits_check import build_commits_check
 from onceflow.assets.raw_checks import build_raw_checks
+from onceflow.assets.record_asset import build_record_asset, build_record_check
 from onceflow.assets.window_asset import build_window_asset
 from onceflow.jobs.declare.declaration import DeclarationError, Pipeline, WindowedOutput
 from onceflow.jobs.declare.durations import parse_duration
 from onceflow.jobs.delta.raw_table import raw_schema
-from onceflow.jobs.finalize_job import finalize_commits
+from onceflow.jobs.finalize_job import build_finalize_job
 from onceflow.jobs.ingest_job import build_ingest_job, raw_asset_key
 from onceflow.jobs.maintenance_job import build_maintenance_job
+from onceflow.jobs.record_publisher import record_outputs_of
 from onceflow.jobs.run_retention import build_run_retention_job
 from onceflow.jobs.table_metadata import table_definition_metadata
 from onceflow.orchestration.deployments import LAKE, SPARK, resources_for
@@ -85,22 +87,26 @@ def definitions(
     lake: LakeResource = resources[LAKE].process_config_and_initialize()
     check_raw_tables(pipelines, lake)
     check_transforms(pipelines, resources[SPARK].process_config_and_initialize().get_session, lake.declarations())
-    outputs = [(p, o) for p in pipelines for o in p.outputs]
+    outputs = [(p, o) for p in pipelines for o in p.windowed_outputs]
+    records = [(p, o) for p in pipelines for o in p.record_outputs]
+    published = [o.asset for _, o in outputs] + [o.asset for _, o in records]
     maintenance, maintenance_schedule = build_maintenance_job(pipelines)
     timeout = settings.run_start_timeout_s
     ingest_jobs = [build_ingest_job(p, settings.micro_batch_run_s, timeout) for p in pipelines]
     prune, prune_schedule = build_run_retention_job([job.name for job in ingest_jobs], settings.run_retention_h)
     return dg.Definitions(
         assets=[raw_asset(p, lake) for p in pipelines]
-        + [build_window_asset(p, o, window_freshness(p, o)) for p, o in outputs],
-        asset_checks=[build_commits_check(o.asset) for _, o in outputs]
-        + [check for p in pipelines for check in build_raw_checks(p)],
-        jobs=[*ingest_jobs, finalize_commits, maintenance, prune],
+        + [build_window_asset(p, o, window_freshness(p, o)) for p, o in outputs]
+        + [build_record_asset(p, o) for p, o in records],
+        asset_checks=[build_commits_check(asset) for asset in published]
+        + [check for p in pipelines for check in build_raw_checks(p)]
+        + [build_record_check(o) for _, o in records],
+        jobs=[*ingest_jobs, build_finalize_job(record_outputs_of(pipelines)), maintenance, prune],
         schedules=[maintenance_schedule, prune_schedule],
         sensors=[build_micro_batch_sensor(p, settings.idle_tick_s, settings.micro_batch_run_s, settings.keep_warm_s,
                                           timeout) for p in pipelines]
         + [build_window_sensor(p, o, timeout) for p, o in outputs]
-        + [build_commit_sensor([o.asset for _, o in outputs], timeout), build_dead_run_sensor(timeout)],
+        + [build_commit_sensor(published, timeout), build_dead_run_sensor(timeout)],
         resources=resources,
         # One process per run: every job is one step, and a second process per step only adds start-up time.
         executor=dg.in_process_executor,

@@ -107,6 +107,17 @@ class KafkaClient:
             if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise
 
+    def await_leaders(self, topic: str) -> None:
+        """Wait until every partition of `topic` has a leader (a topic just created has none for a moment)."""
+        deadline = time.monotonic() + TIMEOUT_S
+        while time.monotonic() < deadline:
+            metadata = self.admin.list_topics(topic, timeout=TIMEOUT_S).topics.get(topic)
+            if (metadata is not None and metadata.error is None and metadata.partitions
+                    and all(p.leader >= 0 for p in metadata.partitions.values())):
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"Kafka topic {topic!r}: partitions without a leader after {TIMEOUT_S:.0f}s")
+
     def records(self, topic: str, ranges: list[tuple[int, int, int]]) -> Iterator[KafkaRecord]:
         """The committed records of each `(partition, from, until)` range, partition by partition."""
         wanted = [(p, start, until) for p, start, until in ranges if until > start]

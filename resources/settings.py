@@ -37,6 +37,8 @@ FAULT_POINTS = frozenset(
         "window.after_merge",
         "commit.after_write_sequence",
         "commit.after_step",
+        "sink.postgres.before_commit",
+        "sink.kafka.before_commit",
     }
 )
 SUPPORTED_HOMES = "ONCEFLOW_HOME must be a local path or gs://bucket[/prefix] (Google Cloud Storage)"

@@ -10,7 +10,18 @@ from pathlib import Path
 import pytest
 from pydantic import AliasChoices
 
-from onceflow import BigQuerySink, FileSink, FileSource, KafkaSource, Pipeline, PubSubSource, WindowedOutput
+from onceflow import (
+    BigQuerySink,
+    FileSink,
+    FileSource,
+    KafkaSink,
+    KafkaSource,
+    Pipeline,
+    PostgresSink,
+    PubSubSource,
+    RecordOutput,
+    WindowedOutput,
+)
 from onceflow.orchestration.pipelines import load_pipelines
 from onceflow.resources.settings import PREFIX, Settings
 
@@ -122,8 +133,9 @@ def test_declaration_table_lists_every_field_a_pipeline_declares() -> None:
         listed.update(f"{cls}.{field}" for field in (first, *fields))
     declared = {
         f"{cls.__name__}.{f.name}"
-        for cls in (Pipeline, PubSubSource, FileSource, KafkaSource, WindowedOutput, FileSink, BigQuerySink)
-        for f in dataclasses.fields(cls)
+        for cls in (Pipeline, PubSubSource, FileSource, KafkaSource, WindowedOutput, FileSink, BigQuerySink,
+                    RecordOutput, PostgresSink, KafkaSink)
+        for f in dataclasses.fields(cls) if not f.name.startswith("_")
     }
     assert listed == declared
 

@@ -22,6 +22,8 @@ from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
 from onceflow.jobs.declare.durations import Duration, check_window_size, normal_duration, parse_duration
+from onceflow.jobs.declare.file_sink import FileSink
+from onceflow.jobs.declare.record_output import RecordOutput, check_record_output
 from onceflow.jobs.declare.schema import SchemaError, parse_schema, schema_ddl
 from onceflow.jobs.declare.sources import (
     IDENTIFIER,
@@ -57,13 +59,6 @@ class DeclarationError(ValueError):
 
 
 @dataclass(frozen=True, kw_only=True)
-class FileSink:
-    """Publish each final pane as JSON-lines files under `path` (default `<ONCEFLOW_HOME>/published`)."""
-
-    path: str | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
 class BigQuerySink:
     """Publish each final pane into the BigQuery table `table` (dataset default: `ONCEFLOW_BIGQUERY_DATASET`).
 
@@ -88,7 +83,8 @@ class BigQuerySink:
         object.__setattr__(self, "table", table)
 
 
-Sink = FileSink | BigQuerySink
+PaneSink = FileSink | BigQuerySink
+"""A sink a windowed output publishes its final panes to."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,7 +103,7 @@ class WindowedOutput:
     keys: Sequence[str] = ()
     allowed_lateness: Duration = "0s"
     late_policy: LatePolicy = "drop"
-    sinks: Sequence[Sink] = ()
+    sinks: Sequence[PaneSink] = ()
     description: str | None = None
 
     def __post_init__(self) -> None:
@@ -149,7 +145,7 @@ class Pipeline:
     name: str
     source: Source
     schema: str | T.StructType
-    outputs: Sequence[WindowedOutput] = ()
+    outputs: Sequence[WindowedOutput | RecordOutput] = ()
     delivery: Delivery = "exactly_once"
     dedup_horizon: Duration = "1d"
     max_clock_skew: Duration = "1h"
@@ -163,7 +159,7 @@ class Pipeline:
     description: str | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "outputs", _as_tuple(self.outputs, WindowedOutput))
+        object.__setattr__(self, "outputs", _as_tuple(self.outputs, WindowedOutput | RecordOutput))
         if isinstance(self.schema, T.StructType) and self.schema.fields:
             object.__setattr__(self, "schema", schema_ddl(self.schema))  # one form: the DDL the tables record
         for name in ("dedup_horizon", "max_clock_skew", "retention", "time_bucket", "watermark_band",
@@ -205,8 +201,19 @@ class Pipeline:
     def time_bucket_ms(self) -> int:
         return parse_duration(self.time_bucket) * 1000
 
+    @property
+    def windowed_outputs(self) -> tuple[WindowedOutput, ...]:
+        return tuple(o for o in self.outputs if isinstance(o, WindowedOutput))
+
+    @property
+    def record_outputs(self) -> tuple[RecordOutput, ...]:
+        return tuple(o for o in self.outputs if isinstance(o, RecordOutput))
+
     def output(self, asset: str) -> WindowedOutput:
-        return next(o for o in self.outputs if o.asset == asset)
+        return next(o for o in self.windowed_outputs if o.asset == asset)
+
+    def record_output(self, asset: str) -> RecordOutput:
+        return next(o for o in self.record_outputs if o.asset == asset)
 
 
 def _as_tuple(value: Any, single: type | Any) -> tuple:
@@ -256,19 +263,22 @@ def _check_pipeline(p: Pipeline) -> None:
         datetime.strptime(p.start_date, "%Y-%m-%d")
     except (TypeError, ValueError):
         fail("start_date", f"{p.start_date!r} is not a date YYYY-MM-DD")
-    assets = [o.asset for o in p.outputs if isinstance(o, WindowedOutput)]
+    assets = [getattr(o, "asset", None) for o in p.outputs]
     for index, output in enumerate(p.outputs):
         where = f"outputs[{index}]"
-        if not isinstance(output, WindowedOutput):
-            fail(where, f"{type(output).__name__} is not a WindowedOutput")
-        _check_output(output, f"{where} ({output.asset!r})", fail)
+        if not isinstance(output, WindowedOutput | RecordOutput):
+            fail(where, f"{type(output).__name__} is not an output: use WindowedOutput or RecordOutput")
+        if not isinstance(output.asset, str) or not _NAME.match(output.asset):
+            fail(f"{where}.asset", "use lowercase letters, digits and '_', starting with a letter")
+        if isinstance(output, RecordOutput):
+            check_record_output(output, f"{where} ({output.asset!r})", fail)
+        else:
+            _check_output(output, f"{where} ({output.asset!r})", fail)
         if assets.count(output.asset) > 1:
             fail(f"{where}.asset", f"{output.asset!r} is declared twice")
 
 
 def _check_output(o: WindowedOutput, where: str, fail: Callable[[str, str], None]) -> None:
-    if not isinstance(o.asset, str) or not _NAME.match(o.asset):
-        fail(f"{where}.asset", "use lowercase letters, digits and '_', starting with a letter")
     seconds = checked_duration(o.window, f"{where}.window", fail)
     try:
         check_window_size(seconds)
@@ -290,6 +300,8 @@ def _check_output(o: WindowedOutput, where: str, fail: Callable[[str, str], None
     for index, sink in enumerate(o.sinks):
         if not isinstance(sink, FileSink | BigQuerySink):
             fail(f"{where}.sinks[{index}]", f"{type(sink).__name__} is not a sink: use FileSink or BigQuerySink")
+        if isinstance(sink, FileSink) and sink.format != "jsonl":
+            fail(f"{where}.sinks[{index}].format", f"{sink.format!r}: window panes are published as 'jsonl'")
         if isinstance(sink, BigQuerySink):
             for name in ("table", "dataset"):
                 value = getattr(sink, name)

@@ -5,7 +5,7 @@ and the figures of the commit that did a batch's work."""
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from typing import Any
 
 from deltalake.exceptions import TableNotFoundError
@@ -48,53 +48,52 @@ def holds_batch(path: str, app_id: str, batch: int) -> bool:
     return held == batch
 
 
-def committed_metadata(
-    path: str, app_id: str, versions: Collection[int], lookback: int | None = None
-) -> dict[int, dict[str, Any]]:
-    """The metadata the commits of `(app_id, v)` for v in `versions` carried (see `delta_transaction`), by version,
-    read from the table's log (its newest `lookback` commits, all when None) with delta-rs in one pass; a version
-    the table holds no commit of (yet, or any more) is absent."""
-    wanted, found = set(versions), {}
+def _commits_of(
+    path: str, app_id: str, batches: Collection[int], lookback: int | None = None
+) -> Iterator[tuple[int, dict[str, Any], dict[str, Any]]]:
+    """(batch, its commit's metadata, the commit) for each of `batches` that `app_id` committed among the table's
+    newest `lookback` commits (all when None), read from its log with delta-rs in one pass."""
+    wanted = set(batches)
     try:
         history = table_snapshot(path).history(lookback) if wanted else []
     except TableNotFoundError:
-        return found
+        return
     for commit in history:
         try:
             metadata = json.loads(commit.get("userMetadata") or "{}")
         except json.JSONDecodeError:
             continue  # a commit made by someone else, with metadata of their own
-        version = metadata.get("onceflow_batch")
-        if metadata.get("onceflow_source") == app_id and version in wanted:
-            found[version] = metadata
-            wanted.discard(version)
+        batch = metadata.get("onceflow_batch") if isinstance(metadata, dict) else None
+        if metadata.get("onceflow_source") == app_id and batch in wanted:
+            yield batch, metadata, commit
+            wanted.discard(batch)
             if not wanted:
-                break
-    return found
+                return
+
+
+def committed_metadata(
+    path: str, app_id: str, versions: Collection[int], lookback: int | None = None
+) -> dict[int, dict[str, Any]]:
+    """The metadata the commits of `(app_id, v)` for v in `versions` carried (see `delta_transaction`), by version,
+    read from the table's log (its newest `lookback` commits, all when None); a version the table holds no commit
+    of (yet, or any more) is absent."""
+    return {batch: metadata for batch, metadata, _ in _commits_of(path, app_id, versions, lookback)}
+
+
+def batch_versions(path: str, app_id: str, batches: Collection[int], lookback: int = 1000) -> dict[int, int]:
+    """The table version of the commit of `(app_id, b)` for b in `batches`, by batch, from its newest `lookback`
+    commits; a batch not among them is absent."""
+    return {batch: int(commit["version"]) for batch, _, commit in _commits_of(path, app_id, batches, lookback)}
 
 
 def committed_rows(path: str, app_id: str, batches: Collection[int]) -> dict[int, int]:
     """The rows the commits of `(app_id, b)` for b in `batches` inserted into the table at `path`, by batch, from
-    their operation metrics in the log (one pass, delta-rs); a batch the table holds no commit of is absent."""
-    wanted, found = set(batches), {}
-    try:
-        history = table_snapshot(path).history() if wanted else []
-    except TableNotFoundError:
-        return found
-    for commit in history:
-        try:
-            metadata = json.loads(commit.get("userMetadata") or "{}")
-        except json.JSONDecodeError:
-            continue
-        batch = metadata.get("onceflow_batch") if isinstance(metadata, dict) else None
-        if metadata.get("onceflow_source") != app_id or batch not in wanted:
-            continue
+    their operation metrics in the log; a batch the table holds no commit of is absent."""
+    found = {}
+    for batch, _, commit in _commits_of(path, app_id, batches):
         metrics = commit.get("operationMetrics") or {}
         found[batch] = (int(metrics["numTargetRowsInserted"]) if "numTargetRowsInserted" in metrics
                         else rows_appended(metrics))
-        wanted.discard(batch)
-        if not wanted:
-            break
     return found
 
 

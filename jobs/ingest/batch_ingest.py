@@ -76,7 +76,7 @@ def ingest_batch(
                                       f"records, Spark's reading of it {result.received}; nothing committed")
         # What the batch landed, kept for `verify` once the source lets its input go.
         source.manifests.write(plan.batch_id, slim)
-        if any(output.late_policy == "refire" for output in pipeline.outputs):  # for the window sensor's refires
+        if any(output.late_policy == "refire" for output in pipeline.windowed_outputs):  # for the window sensor's refires
             source.manifests.write_minutes(plan.batch_id, slim)
         if result.min_event_time_ms is not None:  # and its event times, for the watermark and the windows
             metadata[EVENT_TIMES_KEY] = [result.min_event_time_ms, result.max_event_time_ms]

@@ -18,6 +18,8 @@ Steps:
 - `FileFinalize`: move a temp file to its deterministic final name in the file sink.
 - `BigQueryLoad`: replace a window's rows in a BigQuery table with one pane's rows, through deterministic job ids.
 - `HighWatermark`: record how far an asset has been published.
+- `RecordWrite`, `StagedDrop`: one sink of a record output holds a batch; its staged rows let go
+  (`onceflow.jobs.publish.record_steps`).
 
 Example::
 
@@ -47,6 +49,7 @@ from onceflow.jobs.publish.commit_records import (
     checked_sequence_id,
 )
 from onceflow.jobs.publish.commit_store import CommitStore
+from onceflow.jobs.publish.record_steps import RecordWrite, StagedDrop
 from onceflow.jobs.publish.step import CommitContext, CommitStep, sha256_hex
 from onceflow.resources.faults import fault_point
 from onceflow.resources.object_store import LocalStore, fsync_dir
@@ -142,7 +145,9 @@ class HighWatermark(CommitStep):
         ctx.store.record_published(self.asset, self.published_through_ms)
 
 
-STEP_KINDS: dict[str, type[CommitStep]] = {k.kind: k for k in (FileFinalize, BigQueryLoad, HighWatermark)}
+STEP_KINDS: dict[str, type[CommitStep]] = {
+    k.kind: k for k in (FileFinalize, BigQueryLoad, HighWatermark, RecordWrite, StagedDrop)
+}
 """Every step kind a stored sequence may name."""
 
 

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import ConfigDict, TypeAdapter
 
+from onceflow.jobs.declare.record_output import RecordOutput
+from onceflow.jobs.declare.sink import Sink
 from onceflow.jobs.publish.commit_store import CommitStore
 from onceflow.resources.object_store import ObjectStore, open_store
 
@@ -34,18 +36,27 @@ class CommitContext:
     `store` is the commit store (where `HighWatermark` records and `run_sequence` keeps progress); `bigquery`
     opens BigQuery clients for `BigQueryLoad` (None: sequences with such a step fail with a clear error);
     `bigquery_timeout_s` bounds the wait for one BigQuery job. `sinks` maps a file sink root, as named in the
-    steps, to its open `ObjectStore`; a root not in it is opened with `open_store` on first use.
+    steps, to its open `ObjectStore`; a root not in it is opened with `open_store` on first use. `records` are the
+    code location's record outputs, by asset: where a `RecordWrite` step finds its sink.
     """
 
     store: CommitStore
     bigquery: BigQueryClients | None = None
     bigquery_timeout_s: float = 600.0
     sinks: dict[str, ObjectStore] = field(default_factory=dict, compare=False, repr=False)
+    records: Mapping[str, RecordOutput] = field(default_factory=dict, compare=False, repr=False)
 
     def bigquery_client(self, project: str) -> AbstractContextManager[bigquery.Client]:
         if self.bigquery is None:
             raise RuntimeError("this commit sequence loads BigQuery, but no BigQuery client was configured")
         return self.bigquery(project)
+
+    def record_sink(self, asset: str, name: str) -> Sink:
+        """The sink `name` of record output `asset`, as the code location declares it now; `KeyError` naming what is
+        declared when the declaration no longer has it (the step then fails, rather than write elsewhere)."""
+        if asset not in self.records:
+            raise KeyError(f"no record output {asset!r} is declared in this code location")
+        return self.records[asset].sink(name)
 
     def sink(self, root: str) -> ObjectStore:
         """The file sink rooted at `root` (a directory or `gs://` URL), opened once per context."""

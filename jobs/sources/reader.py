@@ -138,6 +138,12 @@ class SourceRuntime:
     dead_letter_filters: IdFilterStore | None = None
     read_ahead: ReadAhead = field(default_factory=ReadAhead, compare=False)
 
+    @property
+    def epoch(self) -> int:
+        """The source's epoch (`app_id`'s `@<epoch>`, 0 before any reset)."""
+        _, at, epoch = self.app_id.rpartition("@")
+        return int(epoch) if at else 0
+
 
 def app_id(pipeline: Pipeline, epoch: int) -> str:
     return pipeline.source_id if epoch == 0 else f"{pipeline.source_id}@{epoch}"

@@ -22,6 +22,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from onceflow.jobs.declare.declaration import Pipeline, WindowedOutput
+from onceflow.jobs.declare.record_output import RecordOutput
 from onceflow.jobs.delta.raw_table import ensure_raw_table
 from onceflow.jobs.delta.schema_evolution import evolve_window_table, pinned_columns
 from onceflow.jobs.delta.transactions import create_table_once, latest_version, table_properties
@@ -86,8 +87,10 @@ def input_schema(pipeline: Pipeline) -> T.StructType:
     )
 
 
-def transform_output(spark: SparkSession, pipeline: Pipeline, output: WindowedOutput) -> T.StructType:
+def transform_output(spark: SparkSession, pipeline: Pipeline, output: WindowedOutput | RecordOutput) -> T.StructType:
     """The schema `output.transform` returns, analysed on an empty input (no data is read)."""
+    if output.transform is None:
+        raise TypeError(f"{output.asset} has no transform")
     empty = spark.createDataFrame([], input_schema(pipeline))
     result = output.transform(empty)
     if not isinstance(result, DataFrame):

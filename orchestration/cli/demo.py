@@ -89,7 +89,7 @@ def run_streaming(
         instance = stack.instance
         settings = load_settings()
         pipeline = next(p for p in load_pipelines(settings) if p.name == "events")
-        output = pipeline.outputs[0]
+        output = pipeline.windowed_outputs[0]
         resources = resources_for(settings)
         lake: LakeResource = resources[LAKE]
         client: PubSubClient = resources[PUBSUB].client()

@@ -140,7 +140,7 @@ def status_document(pipelines: list[Pipeline], resources: dict[str, Any]) -> dic
         source = open_source(pipeline, lake, resources[PUBSUB].client)
         checkpoint = source.checkpoints.load()
         sources.append({"pipeline": pipeline.name, **source_status(source),
-                        "outputs": [window_status(o, checkpoint, lake, commits) for o in pipeline.outputs]})
+                        "outputs": [window_status(o, checkpoint, lake, commits) for o in pipeline.windowed_outputs]})
     pending, quarantined = commits.unfinished(), commits.quarantined()
     return {"home": lake.home, "pipelines": sources, "commits": {
         "pending": pending, "quarantined": quarantined,

@@ -68,7 +68,7 @@ def reconcile_pipeline(
             spark, source, output, CloseStore(lake.panes(), output.asset), commits, lake.table_path(output.table),
             files_root(output, lake.sink_root(), lake.staging_root()), landed.records,
         )
-        for output in pipeline.outputs
+        for output in pipeline.windowed_outputs
     }
     return reconcile_source(source, landed), outputs
 

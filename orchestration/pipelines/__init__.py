@@ -12,7 +12,7 @@ import dataclasses
 import importlib
 from collections.abc import Sequence
 
-from onceflow.jobs.declare.declaration import BigQuerySink, DeclarationError, Pipeline
+from onceflow.jobs.declare.declaration import BigQuerySink, DeclarationError, Pipeline, WindowedOutput
 from onceflow.jobs.declare.durations import render_duration
 from onceflow.jobs.declare.sources import FileSource, KafkaSource, PubSubSource
 from onceflow.orchestration.pipelines.events import events_pipeline
@@ -87,6 +87,9 @@ def resolve(pipeline: Pipeline, settings: Settings) -> Pipeline:
         source = dataclasses.replace(source, max_records=source.max_records or settings.max_messages)
     outputs = []
     for index, output in enumerate(pipeline.outputs):
+        if not isinstance(output, WindowedOutput):
+            outputs.append(output)
+            continue
         sinks = []
         for position, sink in enumerate(output.sinks):
             if isinstance(sink, BigQuerySink):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from onceflow.jobs.declare.declaration import BigQuerySink, FileSink, Pipeline, Sink, WindowedOutput
+from onceflow.jobs.declare.declaration import BigQuerySink, FileSink, PaneSink, Pipeline, WindowedOutput
 from onceflow.jobs.declare.durations import render_duration
 from onceflow.jobs.declare.sources import FileSource, KafkaSource, PubSubSource
 from onceflow.resources.settings import Settings
@@ -40,7 +40,7 @@ def events_pipeline(settings: Settings) -> Pipeline:
             id_attribute="event_id",
             timestamp_attribute="event_time",
         )
-    sinks: list[Sink] = [FileSink()]
+    sinks: list[PaneSink] = [FileSink()]
     if settings.bigquery_dataset:
         sinks.append(BigQuerySink(table="event_counts"))
     return Pipeline(

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from onceflow.jobs.declare.declaration import BigQuerySink, FileSink, Pipeline, Sink, WindowedOutput
+from onceflow.jobs.declare.declaration import BigQuerySink, FileSink, PaneSink, Pipeline, WindowedOutput
 from onceflow.jobs.declare.sources import PubSubSource
 from onceflow.resources.settings import Settings
 
@@ -23,7 +23,7 @@ def region_sales(records: DataFrame) -> DataFrame:
 
 
 def orders_pipeline(settings: Settings) -> Pipeline:
-    sinks: list[Sink] = [FileSink()]
+    sinks: list[PaneSink] = [FileSink()]
     if settings.bigquery_dataset:
         sinks.append(BigQuerySink(table="region_sales"))
     return Pipeline(

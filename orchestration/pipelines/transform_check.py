@@ -25,18 +25,21 @@ from onceflow.jobs.declare.declaration import (
     Pipeline,
     WindowedOutput,
 )
+from onceflow.jobs.declare.kafka_sink import KafkaSink
+from onceflow.jobs.declare.postgres_sink import PostgresSink
+from onceflow.jobs.declare.record_output import RecordOutput
 from onceflow.jobs.declare.sources import IDENTIFIER
 from onceflow.jobs.publish.sink_types import bigquery_field, sink_type
 from onceflow.jobs.windows.transform import transform_output
 from onceflow.resources.object_store import ObjectStore
 
 
-def fingerprint(pipeline: Pipeline, output: WindowedOutput) -> str | None:
+def fingerprint(pipeline: Pipeline, output: WindowedOutput | RecordOutput) -> str | None:
     """What the verdict depends on; None when the transform has no code object to fingerprint."""
     code = getattr(output.transform, "__code__", None)
     if code is None:
         return None
-    identity = json.dumps([pipeline.schema, output.asset, list(output.keys), sys.version]).encode()
+    identity = json.dumps([pipeline.schema, output.asset, list(getattr(output, "keys", ())), sys.version]).encode()
     return hashlib.sha256(identity + marshal.dumps(code)).hexdigest()
 
 
@@ -44,6 +47,8 @@ def check_transforms(pipelines: list[Pipeline], spark: Callable[[], SparkSession
     """Raise `DeclarationError` naming the pipeline and output for a transform that does not fit its declaration."""
     for pipeline in pipelines:
         for output in pipeline.outputs:
+            if output.transform is None:
+                continue
             key = fingerprint(pipeline, output)
             cached = cache.read(f"{key}.json") if key else None
             if cached is not None:
@@ -57,7 +62,10 @@ def check_transforms(pipelines: list[Pipeline], spark: Callable[[], SparkSession
                         f"pipeline {pipeline.name!r}: output {output.asset!r}: the transform fails on the declared "
                         f"schema: {message}"
                     ) from error
-            check_transform_output(pipeline, output, columns)
+            if isinstance(output, RecordOutput):
+                check_record_columns(pipeline, output, columns)
+            else:
+                check_transform_output(pipeline, output, columns)
             if key and cached is None:
                 cache.write(f"{key}.json", json.dumps(columns.jsonValue()).encode())
 
@@ -86,3 +94,22 @@ def check_transform_output(pipeline: Pipeline, output: WindowedOutput, columns: 
                     bigquery_field(f.name, kind)
             except ValueError as error:
                 fail(f"output column {f.name!r}: {error}")
+
+
+def check_record_columns(pipeline: Pipeline, output: RecordOutput, columns: T.StructType) -> None:
+    """Check what a record output's transform returns against its sinks: column names they can hold, and the
+    columns their keys name."""
+
+    def fail(problem: str) -> None:
+        raise DeclarationError(f"pipeline {pipeline.name!r}: output {output.asset!r}: {problem}")
+
+    names = [f.name for f in columns]
+    for name in names:
+        if not IDENTIFIER.match(name):
+            fail(f"output column {name!r}: name it with letters, digits and '_' (use .alias)")
+    for index, sink in enumerate(output.sinks):
+        keys = sink.key if isinstance(sink, PostgresSink) else (sink.key,) if isinstance(sink, KafkaSink) else ()
+        for key in keys:
+            if key is not None and key not in names:
+                fail(f"sinks[{index}] ({sink.name}): key {key!r} is not a column of the transform's output "
+                     f"({', '.join(names) or 'none'})")

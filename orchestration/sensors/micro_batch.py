@@ -44,7 +44,7 @@ def windows_open(pipeline: Pipeline, checkpoint: SourceCheckpoint) -> bool:
     return any(
         watermark is None
         or watermark < Window.at(checkpoint.max_event_time_ms, o.window_s).end_ms + o.allowed_lateness_s * 1000
-        for o in pipeline.outputs
+        for o in pipeline.windowed_outputs
     )
 
 
