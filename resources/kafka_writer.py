@@ -12,17 +12,19 @@ reading `read_committed` sees the commit's records once, or none of them.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from contextlib import suppress
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, suppress
 from typing import Any
 
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from onceflow.resources.faults import fault_point
 from onceflow.resources.kafka import TIMEOUT_S, KafkaClient
 
 RECORD_ID_HEADER = "record_id"
 COMMIT_HEADER = "onceflow_commit"
+_UNREACHABLE = frozenset({KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT,
+                          KafkaError._MSG_TIMED_OUT, KafkaError._RESOLVE, KafkaError._NOENT})
 
 
 class TransactionalWriter:
@@ -43,17 +45,22 @@ class TransactionalWriter:
         topic's last stable offset; what was read is remembered, so each call reads only what is new)."""
         if commit_id in self._seen:
             return True
-        self._ensure_topics()
-        end = self.client.offsets(self.markers, [0], "latest")[0]
-        for record in self.client.records(self.markers, [(0, self._scanned_to, end)]):
-            if record.key is not None:
-                self._seen.add(record.key.decode())
+        with _reachable(self.topic):
+            self._ensure_topics()
+            end = self.client.offsets(self.markers, [0], "latest")[0]
+            for record in self.client.records(self.markers, [(0, self._scanned_to, end)]):
+                if record.key is not None:
+                    self._seen.add(record.key.decode())
         self._scanned_to = max(self._scanned_to, end)
         return commit_id in self._seen
 
     def write(self, records: list[tuple[bytes | None, bytes, str | None]], commit_id: str, marker: dict[str, Any]) -> None:
         """Send `records` ((key, value, record id) each) and `commit_id`'s marker in one transaction, unless the
         commit is there already."""
+        with _reachable(self.topic):
+            self._write(records, commit_id, marker)
+
+    def _write(self, records: list[tuple[bytes | None, bytes, str | None]], commit_id: str, marker: dict[str, Any]) -> None:
         self._ensure_topics()
         producer = Producer({**self.options, "bootstrap.servers": self.client.config["bootstrap.servers"],
                              "transactional.id": self.transactional_id, "linger.ms": 5,
@@ -85,6 +92,21 @@ class TransactionalWriter:
                 self.client.create_topic(topic, partitions)
                 self.client.await_leaders(topic)
             self._topics_ready = True
+
+
+@contextmanager
+def _reachable(topic: str) -> Iterator[None]:
+    """A cluster that cannot be reached now (a retriable error, a timeout) is a `ConnectionError`: the attempt uses
+    no budget. A fenced or fatal producer is not: another writer took over."""
+    try:
+        yield
+    except TimeoutError as error:
+        raise ConnectionError(f"Kafka ({topic}): {error}") from error
+    except KafkaException as error:
+        kafka_error = error.args[0] if error.args else None
+        if isinstance(kafka_error, KafkaError) and (kafka_error.retriable() or kafka_error.code() in _UNREACHABLE):
+            raise ConnectionError(f"Kafka ({topic}): {kafka_error.str()}") from error
+        raise
 
 
 def _produce(producer: Producer, topic: str, key: bytes | None, value: bytes, headers: list) -> None:

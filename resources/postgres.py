@@ -11,8 +11,8 @@ Markers live in `onceflow_commits`, in the table's schema.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from contextlib import suppress
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING
 
 import psycopg
@@ -70,7 +70,7 @@ class PostgresTable:
 
     def rows_of(self, commit_id: str) -> int | None:
         """The rows the commit wrote, as its marker records them; None if it is not committed."""
-        with self._cursor() as cur:
+        with self._reachable(), self._cursor() as cur:
             try:
                 cur.execute(sql.SQL("SELECT rows FROM {} WHERE commit_id = %s AND target = %s").format(self.markers),
                             (commit_id, self.target))
@@ -80,8 +80,8 @@ class PostgresTable:
             return None if found is None else int(found[0])
 
     def write(self, rows: pa.Table, commit_id: str, batch: int) -> None:
-        connection = self._connect()
-        try:
+        with self._reachable():
+            connection = self._connect()
             with connection.transaction(), connection.cursor() as cur:
                 self._ensure_tables(cur, rows.schema)
                 cur.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"{self.target}/{commit_id}",))
@@ -96,9 +96,6 @@ class PostgresTable:
                 cur.execute(sql.SQL("INSERT INTO {} (commit_id, target, rows) VALUES (%s, %s, %s)").format(
                     self.markers), (commit_id, self.target, rows.num_rows))
                 fault_point("sink.postgres.before_commit")
-        except psycopg.OperationalError:
-            self.close()  # a broken connection is opened anew by the next attempt
-            raise
 
     def close(self) -> None:
         if self._connection is not None:
@@ -112,11 +109,17 @@ class PostgresTable:
         return self._connection
 
     def _cursor(self) -> Cursor:
+        return self._connect().cursor()
+
+    @contextmanager
+    def _reachable(self) -> Iterator[None]:
+        """A server that cannot be reached, or went away, is a `ConnectionError` (the attempt uses no budget); the
+        broken connection is opened anew next time."""
         try:
-            return self._connect().cursor()
-        except psycopg.OperationalError:
+            yield
+        except psycopg.OperationalError as error:
             self.close()
-            raise
+            raise ConnectionError(f"PostgreSQL ({self.target}): {str(error).strip()}") from error
 
     def _ensure_tables(self, cur: Cursor, schema: pa.Schema) -> None:
         """Create the markers and the table if missing, add the columns the table lacks; refuse a changed type.

@@ -42,14 +42,17 @@ def user_sink_class() -> type:
     return namespace["SqliteSink"]
 
 
-def staged_sequence(tmp_path: Path, store: CommitStore, rows: pa.Table, sink_name: str, batch: int) -> str:
+def staged_sequence(
+    tmp_path: Path, store: CommitStore, rows: pa.Table, sink_name: str, batch: int, asset: str = "orders_copy"
+) -> str:
+    """A record output's publication of `rows` as batch `batch`, staged and written ahead as `stage_batch` does."""
     buffer = io.BytesIO()
     pq.write_table(rows, buffer)
     staging = f"{tmp_path}/staging"
-    key = f"records/orders_copy/batch={batch}.parquet"
+    key = f"records/{asset}/batch={batch}.parquet"
     open_store(staging).write(key, buffer.getvalue())
-    seq_id = f"orders_copy:epoch-0:batch-{batch:012d}"
-    steps = (RecordWrite(asset="orders_copy", sink=sink_name, pipeline="orders", epoch=0, batch=batch,
+    seq_id = f"{asset}:epoch-0:batch-{batch:012d}"
+    steps = (RecordWrite(asset=asset, sink=sink_name, pipeline="orders", epoch=0, batch=batch,
                          staged_root=staging, staged_key=key, sha256=sha256_hex(buffer.getvalue()),
                          rows=rows.num_rows), StagedDrop(root=staging, key=key))
     CommitSequence(seq_id, steps).write(store)

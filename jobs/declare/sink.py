@@ -43,6 +43,12 @@ class Commit:
         return f"{self.pipeline}/{self.output}/{self.epoch}/{self.batch}"
 
 
+class SinkUnavailable(ConnectionError):
+    """Raised by a sink that cannot be reached now (connection refused, broker down): the attempt fails without
+    using the sequence's budget, and the next one waits longer (up to a few minutes), however long the outage.
+    Any `ConnectionError` counts as this (the built-in sinks' clients raise those)."""
+
+
 class Sink(ABC):
     """A system a record output publishes to, exactly once per `Commit` (see the module docstring).
 
@@ -56,11 +62,12 @@ class Sink(ABC):
 
     @abstractmethod
     def write(self, rows: pa.Table, commit: Commit) -> None:
-        """Publish `rows` as `commit`; idempotent for one commit."""
+        """Publish `rows` as `commit`; idempotent for one commit. `SinkUnavailable` when the system cannot be
+        reached (any other error uses one of the sequence's attempts)."""
 
     @abstractmethod
     def committed(self, commit: Commit) -> bool:
-        """Whether the sink holds `commit` whole; changes nothing."""
+        """Whether the sink holds `commit` whole; changes nothing. `SinkUnavailable` as for `write`."""
 
     def problems(self) -> list[str]:
         """What is wrong with the sink's declaration, found without connecting to anything (checked at load)."""

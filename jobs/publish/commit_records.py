@@ -88,7 +88,7 @@ class Attempt(BaseModel):
     `number` is the attempt lineage: runs with the same Dagster `root_run_id` (a run and its automatic retries)
     share one number; a run with a new root gets the next number. Numbers count up over the sequence's whole life,
     re-arms included, so `<sequence>:attempt:<number>` never repeats. `outcome` is None while the run is going on,
-    and stays None when the process died in it.
+    and stays None when the process died in it. `unavailable` says it failed on a sink that could not be reached.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -100,6 +100,7 @@ class Attempt(BaseModel):
     finished_at_ms: int | None = None
     outcome: AttemptOutcome | None = None
     error: str | None = None
+    unavailable: bool = False  # it failed on a sink that could not be reached: its lineage was given back
 
 
 class StateEvent(BaseModel):
@@ -147,6 +148,16 @@ class SequenceState(Stored):
         return self.lineages - self.budget_from
 
     @property
+    def unavailable_streak(self) -> int:
+        """How many of the latest finished attempts in a row failed on a sink that could not be reached."""
+        streak = 0
+        for attempt in reversed([a for a in self.attempts if a.outcome is not None]):
+            if not attempt.unavailable:
+                break
+            streak += 1
+        return streak
+
+    @property
     def next_attempt(self) -> int:
         """The number a new attempt lineage would get."""
         return self.lineages + 1
@@ -174,10 +185,16 @@ class SequenceState(Stored):
         return self.model_copy(
             update={"status": QUARANTINED, "quarantine_reason": reason, "history": (*self.history, event)})
 
-    def failed(self, attempts: tuple[Attempt, ...], error: str | None, at_ms: int) -> SequenceState:
+    def failed(
+        self, attempts: tuple[Attempt, ...], error: str | None, at_ms: int, unavailable: bool = False
+    ) -> SequenceState:
         """This state with `attempts` (the last of them failed with `error`), quarantined if a pending sequence
-        has thereby used up its budget."""
-        state = self.model_copy(update={"attempts": attempts, "last_error": error})
+        has thereby used up its budget. An attempt that failed on a sink that could not be reached
+        (`unavailable`) gives its lineage back: an outage of any length never quarantines."""
+        update: dict[str, Any] = {"attempts": attempts, "last_error": error}
+        if unavailable:
+            update["budget_from"] = min(self.budget_from + 1, self.lineages)
+        state = self.model_copy(update=update)
         if state.status == PENDING and state.attempts_used >= state.max_attempts:
             reason = f"{state.attempts_used} of {state.max_attempts} attempts failed; last error: {error}"
             return state.quarantined(reason, at_ms)

@@ -139,12 +139,14 @@ class CommitStore:
         return next(a.number for a in reversed(state.attempts) if a.run_id == run_id)
 
     def finish_attempt(
-        self, sequence_id: str, run_id: str, outcome: AttemptOutcome, error: str | None = None
+        self, sequence_id: str, run_id: str, outcome: AttemptOutcome, error: str | None = None,
+        unavailable: bool = False,
     ) -> SequenceState:
         """Record how run `run_id`'s latest attempt ended.
 
         `done` means every step verified: the sequence becomes done (final). `failed` records `error` as the
-        attempt's and the sequence's `last_error`, and quarantines the sequence if the budget is used up. A done
+        attempt's and the sequence's `last_error`, and quarantines the sequence if the budget is used up (unless
+        the attempt failed on a sink that could not be reached: `unavailable` gives its lineage back). A done
         sequence stays done whatever a concurrent runner reports.
         """
         finished = self.clock()
@@ -153,13 +155,13 @@ class CommitStore:
             attempts = list(state.attempts)
             for i in range(len(attempts) - 1, -1, -1):
                 if attempts[i].run_id == run_id and attempts[i].outcome is None:
-                    attempts[i] = attempts[i].model_copy(
-                        update={"finished_at_ms": finished, "outcome": outcome, "error": error})
+                    attempts[i] = attempts[i].model_copy(update={
+                        "finished_at_ms": finished, "outcome": outcome, "error": error, "unavailable": unavailable})
                     break
             else:
                 raise KeyError(f"run {run_id} has no running attempt at commit sequence {sequence_id}")
             if outcome != DONE:
-                return state.failed(tuple(attempts), error, finished)
+                return state.failed(tuple(attempts), error, finished, unavailable)
             if any(s != DONE for s in state.steps):
                 raise ValueError(f"commit sequence {sequence_id} cannot be done: steps {state.steps}")
             return state.model_copy(update={"attempts": tuple(attempts), "status": DONE})

@@ -222,7 +222,7 @@ def run_sequence(ctx: CommitContext, sequence_id: str, run_id: str, root_run_id:
     Records an attempt (a retry of a run, same `root_run_id`, continues its lineage's attempt), then for each
     step not yet recorded done: verify, or execute + crash point `commit.after_step` + verify, and record it
     done. A step error or a step that does not verify after executing fails the attempt: the error is recorded
-    and, when the budget is used up, the sequence is quarantined. Safe to run concurrently with itself. Raises
+    and, when the budget is used up, the sequence is quarantined (a `ConnectionError`, `onceflow.Sink`'s `SinkUnavailable` among them, uses no budget). Safe to run concurrently with itself. Raises
     `KeyError` if there is no such sequence; errors of the commit store itself propagate (the attempt then stays
     without outcome, as if the process had died).
     """
@@ -252,7 +252,7 @@ def run_sequence(ctx: CommitContext, sequence_id: str, run_id: str, root_run_id:
                 executed.append(index)
         except Exception as error:
             message = f"step {index} ({step.describe()}): {type(error).__name__}: {error}"[:4000]
-            state = ctx.store.finish_attempt(sequence_id, run_id, FAILED, message)
+            state = ctx.store.finish_attempt(sequence_id, run_id, FAILED, message, isinstance(error, ConnectionError))
             outcome: Outcome = QUARANTINED if state.status == QUARANTINED else FAILED
             return CommitResult(sequence_id, outcome, attempt, tuple(executed), tuple(verified), message)
         ctx.store.mark_step_done(sequence_id, index)

@@ -9,12 +9,14 @@ Run-level retry tracking, per sequence:
   recorded as a failed attempt on its behalf, in its lineage: retries of one run (same `dagster/root_run_id`) are
   one attempt lineage, and only a lineage's final failure leaves the sequence to the next lineage.
 - Otherwise the next lineage is requested with run key `<sequence>:attempt:<k>`; when the budget is used up the
-  sequence is quarantined instead, which the `commits_not_quarantined` check reports.
+  sequence is quarantined instead, which the `commits_not_quarantined` check reports. Attempts that found a sink
+  unreachable use no budget; after them the next one waits, longer each time (`unavailable_wait_s`).
 
 The sensor's cursor holds the quarantined sequences per asset, so the check is reported when they change.
 """
 
 import json
+import time
 
 import dagster as dg
 
@@ -63,6 +65,22 @@ def _record_dead_runs(
             store.record_dead_run(state.sequence_id, run_id, root, f"run {run_id} ended ({how}) without finishing")
 
 
+UNAVAILABLE_FIRST_WAIT_S = 10.0
+UNAVAILABLE_MAX_WAIT_S = 120.0
+
+
+def unavailable_wait_s(state: SequenceState, now_ms: int | None = None) -> float:
+    """How long the next attempt waits, after attempts in a row that found a sink unreachable: doubling from
+    `UNAVAILABLE_FIRST_WAIT_S` to `UNAVAILABLE_MAX_WAIT_S` (those attempts use no budget; this keeps an outage of
+    minutes from becoming a run every tick)."""
+    streak = state.unavailable_streak
+    if not streak:
+        return 0.0
+    last_ms = max(a.finished_at_ms or 0 for a in state.attempts)
+    wait_s = min(UNAVAILABLE_MAX_WAIT_S, UNAVAILABLE_FIRST_WAIT_S * 2 ** (streak - 1))
+    return max(0.0, wait_s - ((now_ms if now_ms is not None else int(time.time() * 1000)) - last_ms) / 1000)
+
+
 def plan_sequence(
     store: CommitStore, instance: dg.DagsterInstance, seq: str, start_timeout_s: float = START_TIMEOUT_S
 ) -> dg.RunRequest | dg.SkipReason:
@@ -79,6 +97,9 @@ def plan_sequence(
                                       f"error: {state.last_error or 'none recorded (the runs died)'}")
     if state.status != PENDING:
         return dg.SkipReason(f"{seq}: {state.status}")
+    wait_s = unavailable_wait_s(state)
+    if wait_s > 0:
+        return dg.SkipReason(f"{seq}: a sink could not be reached; the next attempt in {wait_s:.0f}s")
     return dg.RunRequest(
         run_key=f"{seq}:attempt:{state.next_attempt}",
         job_name=FINALIZE_JOB,
