@@ -36,7 +36,7 @@ class TransactionalWriter:
         self.topic, self.markers, self.transactional_id = topic, markers, transactional_id
         self.options = dict(options or {})
         self.client = KafkaClient(servers, self.options)
-        self._seen: set[str] = set()
+        self._seen: dict[str, int | None] = {}  # commit id -> the rows its marker says
         self._scanned_to = 0
         self._topics_ready = False
 
@@ -50,9 +50,13 @@ class TransactionalWriter:
             end = self.client.offsets(self.markers, [0], "latest")[0]
             for record in self.client.records(self.markers, [(0, self._scanned_to, end)]):
                 if record.key is not None:
-                    self._seen.add(record.key.decode())
+                    self._seen[record.key.decode()] = _marker_rows(record.value)
         self._scanned_to = max(self._scanned_to, end)
         return commit_id in self._seen
+
+    def rows_of(self, commit_id: str) -> int | None:
+        """The rows `commit_id`'s marker says the commit holds; None when it is not committed."""
+        return self._seen.get(commit_id) if self.committed(commit_id) else None
 
     def write(self, records: list[tuple[bytes | None, bytes, str | None]], commit_id: str, marker: dict[str, Any]) -> None:
         """Send `records` ((key, value, record id) each) and `commit_id`'s marker in one transaction, unless the
@@ -79,7 +83,7 @@ class TransactionalWriter:
             fault_point("sink.kafka.before_commit")
             producer.commit_transaction(TIMEOUT_S)
             # Decided: the markers reach the partitions (and the last stable offset moves past them) a moment later.
-            self._seen.add(commit_id)
+            self._seen[commit_id] = len(records)
         except KafkaException:
             _abort(producer)
             raise
@@ -92,6 +96,14 @@ class TransactionalWriter:
                 self.client.create_topic(topic, partitions)
                 self.client.await_leaders(topic)
             self._topics_ready = True
+
+
+def _marker_rows(value: bytes | None) -> int | None:
+    try:
+        rows = json.loads(value or b"{}").get("rows")
+    except (ValueError, AttributeError):
+        return None  # a marker onceflow did not write: it counts as committed, its rows unknown
+    return rows if isinstance(rows, int) else None
 
 
 @contextmanager

@@ -25,7 +25,7 @@ from onceflow.resources.emulators.kafka import KafkaBroker
 from onceflow.resources.emulators.postgres import PostgresServer
 from onceflow.resources.object_store import open_store
 from onceflow.resources.spark_connect import SparkConnectServer
-from tests.pipelines import dagster_cli, dagster_micro_batch
+from tests.pipelines import dagster_cli, dagster_micro_batch, onceflow_cli
 from tests.postgres import fresh_database, postgres  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.engine_paths
@@ -135,3 +135,15 @@ def test_every_record_reaches_every_sink_once_through_crashes_in_each_sinks_comm
     with dg.DagsterInstance.from_config(env["dagster_home"]) as instance:
         published = instance.fetch_materializations(dg.AssetKey("orders_clean"), limit=100).records
     assert sorted(r.asset_materialization.metadata["batch_id"].value for r in published) == [1, 2, 3, 4]
+
+    status = json.loads(onceflow_cli(["status", "--json"]).stdout)["pipelines"][0]["record_outputs"]
+    assert [(s["asset"], s["last_published_batch"], s["lag_batches"], s["not_done"]) for s in status] == [
+        ("orders_clean", 4, 0, [])]
+    verified = onceflow_cli(["verify", "--json"])
+    account = json.loads(verified.stdout)["pipelines"][0]["record_outputs"]["orders_clean"]
+    assert (verified.returncode, account["published"], account["rows"], account["problems"]) == (0, 4, 7, [])
+    with psycopg.connect(env["ORDERS_DSN"]) as connection:  # a sink that lost a batch's commit
+        connection.execute("DELETE FROM onceflow_commits WHERE target = 'public.order_log' AND commit_id LIKE '%/2'")
+    verified = onceflow_cli(["verify"])
+    assert verified.returncode == 1, verified.stdout + verified.stderr
+    assert "orders_clean: MISMATCH: batch 2: done, but postgres:order_log does not hold it" in verified.stdout

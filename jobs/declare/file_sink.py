@@ -49,6 +49,16 @@ class FileSink(Sink):
     def committed(self, commit: Commit) -> bool:
         return self._store().exists(self.key(commit))
 
+    def rows(self, commit: Commit) -> int | None:
+        data = self._store().read(self.key(commit))
+        if data is None:
+            return None
+        if self.format == "parquet":
+            import pyarrow.parquet as pq
+
+            return pq.ParquetFile(io.BytesIO(data)).metadata.num_rows
+        return data.count(b"\n")
+
     def encode(self, rows: pa.Table) -> bytes:
         """The object's bytes: a pure function of the rows (written again, the same bytes)."""
         if self.format == "parquet":

@@ -54,6 +54,9 @@ class KafkaSink(Sink):
     def committed(self, commit: Commit) -> bool:
         return self._writer(commit).committed(commit.id)
 
+    def rows(self, commit: Commit) -> int | None:
+        return self._writer(commit).rows_of(commit.id)
+
     def problems(self) -> list[str]:
         found = [f"{name} {value!r} is not a Kafka topic name" for name, value in
                  (("topic", self.topic), ("markers_topic", self.markers_topic))

@@ -50,6 +50,9 @@ class PostgresSink(Sink):
     def committed(self, commit: Commit) -> bool:
         return self._table().committed(commit.id)
 
+    def rows(self, commit: Commit) -> int | None:
+        return self._table().rows_of(commit.id)
+
     def close(self) -> None:
         if self._client is not None:
             self._client.close()

@@ -69,6 +69,10 @@ class Sink(ABC):
     def committed(self, commit: Commit) -> bool:
         """Whether the sink holds `commit` whole; changes nothing. `SinkUnavailable` as for `write`."""
 
+    def rows(self, commit: Commit) -> int | None:
+        """How many rows the sink holds for `commit`, when it can tell (for `onceflow verify`); None when not."""
+        return None
+
     def problems(self) -> list[str]:
         """What is wrong with the sink's declaration, found without connecting to anything (checked at load)."""
         return []

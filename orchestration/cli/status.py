@@ -17,7 +17,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from onceflow.jobs.declare.declaration import Pipeline, WindowedOutput
+from onceflow.jobs.declare.record_output import RecordOutput
+from onceflow.jobs.publish.commit_records import DONE
 from onceflow.jobs.publish.commit_store import CommitStore
+from onceflow.jobs.publish.record_sequence import batch_of, publications_of
 from onceflow.jobs.publish.sequence import sequence_id
 from onceflow.jobs.sources.checkpoint import SourceCheckpoint
 from onceflow.jobs.sources.reader import SourceRuntime, open_source, source_watermark_ms
@@ -132,6 +135,23 @@ def _window_text(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def record_status(output: RecordOutput, committed_batch: int | None, commits: CommitStore) -> dict[str, Any]:
+    """A record output's state as `status --json` gives it: its newest published batch (done in every sink), the
+    batches staged and not done yet, and its lag behind the raw table, in batches."""
+    states = {batch_of(seq): commits.state(seq).status for seq, _ in publications_of(commits, output.asset)}
+    done = [batch for batch, status in states.items() if status == DONE]
+    pending = [batch for batch, status in states.items() if status != DONE]
+    last = max(done, default=None)
+    return {"asset": output.asset, "sinks": [sink.name for sink in output.sinks], "last_published_batch": last,
+            "not_done": pending, "lag_batches": None if committed_batch is None else committed_batch - (last or 0)}
+
+
+def _record_text(doc: dict[str, Any]) -> list[str]:
+    pending = f"; not done: batches {', '.join(map(str, doc['not_done'][:10]))}" if doc["not_done"] else ""
+    return [f"record output {doc['asset']} -> {', '.join(doc['sinks'])}: last published batch "
+            f"{doc['last_published_batch']} (lag {doc['lag_batches']} batches){pending}"]
+
+
 def status_document(pipelines: list[Pipeline], resources: dict[str, Any]) -> dict[str, Any]:
     lake: LakeResource = resources[LAKE]
     commits = CommitStore(lake.commits())
@@ -140,7 +160,9 @@ def status_document(pipelines: list[Pipeline], resources: dict[str, Any]) -> dic
         source = open_source(pipeline, lake, resources[PUBSUB].client)
         checkpoint = source.checkpoints.load()
         sources.append({"pipeline": pipeline.name, **source_status(source),
-                        "outputs": [window_status(o, checkpoint, lake, commits) for o in pipeline.windowed_outputs]})
+                        "outputs": [window_status(o, checkpoint, lake, commits) for o in pipeline.windowed_outputs],
+                        "record_outputs": [record_status(o, checkpoint.committed_batch, commits)
+                                           for o in pipeline.record_outputs]})
     pending, quarantined = commits.unfinished(), commits.quarantined()
     return {"home": lake.home, "pipelines": sources, "commits": {
         "pending": pending, "quarantined": quarantined,
@@ -164,6 +186,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         lines += _source_text(source)
         for output in source["outputs"]:
             lines += _window_text(output)
+        for record in source["record_outputs"]:
+            lines += _record_text(record)
     commits = doc["commits"]
     lines.append(f"commit sequences: {len(commits['pending'])} pending, {len(commits['quarantined'])} quarantined")
     lines += ["  " + text.replace("\n", "\n  ") for text in commits["described"]]

@@ -11,7 +11,7 @@ import dataclasses
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from onceflow.jobs.declare.declaration import Pipeline
@@ -27,6 +27,7 @@ from onceflow.jobs.verify.reconcile import (
     reconcile_source,
     render,
 )
+from onceflow.jobs.verify.record_outputs import RecordReconciliation, reconcile_records
 from onceflow.jobs.windows.panes import CloseStore
 from onceflow.orchestration.deployments import LAKE, SPARK, resources_for
 from onceflow.orchestration.pipelines import load_pipelines
@@ -73,6 +74,12 @@ def reconcile_pipeline(
     return reconcile_source(source, landed), outputs
 
 
+def reconcile_record_outputs(pipeline: Pipeline, lake: LakeResource) -> list[RecordReconciliation]:
+    """Each record output's account of the batches it published and the sinks that hold them."""
+    source, commits = open_source(pipeline, lake), CommitStore(lake.commits())
+    return [reconcile_records(source, output, commits) for output in pipeline.record_outputs]
+
+
 def _problems(source: SourceReconciliation) -> list[tuple[str, str, list[str]]]:
     """(JSON key, what the text says, the IDs) of each way a record can break exactly-once."""
     return [("lost", "lost (landed, held nowhere)", source.lost), ("doubled_raw", "twice in raw", source.doubled_raw),
@@ -80,17 +87,23 @@ def _problems(source: SourceReconciliation) -> list[tuple[str, str, list[str]]]:
 
 
 def pipeline_document(
-    name: str, source: SourceReconciliation, outputs: dict[str, list[WindowReconciliation]]
+    name: str, source: SourceReconciliation, outputs: dict[str, list[WindowReconciliation]],
+    records: Sequence[RecordReconciliation] = (),
 ) -> dict[str, Any]:
-    """One pipeline's verdict as JSON: each problem's count and first IDs, every window's account."""
+    """One pipeline's verdict as JSON: each problem's count and first IDs, every window's account, every record
+    output's."""
     problems = {key: {"count": len(ids), "ids": ids[:SAMPLE]} for key, _, ids in _problems(source)}
     windows = {asset: [{**dataclasses.asdict(r), "ok": r.ok} for r in rows] for asset, rows in outputs.items()}
-    holds = source.ok and all(r.ok for rows in outputs.values() for r in rows)
+    holds = source.ok and all(r.ok for rows in outputs.values() for r in rows) and all(r.ok for r in records)
     return {"pipeline": name, "holds": holds, **problems, "metric_mismatches": source.metric_mismatches,
-            "notes": source.notes, "outputs": windows}
+            "notes": source.notes, "outputs": windows,
+            "record_outputs": {r.asset: {**dataclasses.asdict(r), "ok": r.ok} for r in records}}
 
 
-def print_pipeline(name: str, source: SourceReconciliation, outputs: dict[str, list[WindowReconciliation]]) -> bool:
+def print_pipeline(
+    name: str, source: SourceReconciliation, outputs: dict[str, list[WindowReconciliation]],
+    records: Sequence[RecordReconciliation] = (),
+) -> bool:
     """Print one pipeline's reconciliation and its verdict; True when exactly-once held for it."""
     for _, problem, ids in _problems(source):
         if ids:
@@ -104,13 +117,20 @@ def print_pipeline(name: str, source: SourceReconciliation, outputs: dict[str, l
         bad = [r.window for r in rows if not r.ok]
         held = held and not bad
         print(f"{name} {asset}: {'MISMATCH in ' + ', '.join(bad) if bad else 'windows reconcile'}")
+    for record in records:
+        pending = f", {len(record.pending)} not yet published" if record.pending else ""
+        print(f"{name} {record.asset}: {record.published} batches ({record.rows} rows) in every sink{pending}")
+        for problem in record.problems:
+            print(f"{name} {record.asset}: MISMATCH: {problem}")
+        held = held and record.ok
     print(f"{name}: {'exactly-once holds' if held else 'exactly-once VIOLATED'}")
     return held
 
 
 def verify_document(spark: SparkSession, pipelines: list[Pipeline], lake: LakeResource) -> dict[str, Any]:
     """The reconciliation of every pipeline as one JSON document; `holds` when exactly-once held everywhere."""
-    documents = [pipeline_document(p.name, *reconcile_pipeline(spark, p, lake)) for p in pipelines]
+    documents = [pipeline_document(p.name, *reconcile_pipeline(spark, p, lake), reconcile_record_outputs(p, lake))
+                 for p in pipelines]
     return {"home": lake.home, "holds": all(d["holds"] for d in documents), "pipelines": documents}
 
 
@@ -121,7 +141,8 @@ def verify(spark: SparkSession, pipelines: list[Pipeline], lake: LakeResource, a
         document = verify_document(spark, pipelines, lake)
         print(json.dumps(document, indent=2))
         return document["holds"]
-    held = [print_pipeline(p.name, *reconcile_pipeline(spark, p, lake)) for p in pipelines]
+    held = [print_pipeline(p.name, *reconcile_pipeline(spark, p, lake), reconcile_record_outputs(p, lake))
+            for p in pipelines]
     return all(held)
 
 
