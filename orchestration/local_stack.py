@@ -67,7 +67,7 @@ class LocalStack:
     bigquery: BigQueryEmulator | None
     daemon: subprocess.Popen[bytes]
     lake_home: str  # `ONCEFLOW_HOME`: `<workdir>/home`, or `gs://<bucket>/home` on the GCS emulator
-    postgres: PostgresServer | None = None  # Dagster's storage, with dagster_storage="postgres"
+    postgres: PostgresServer | None = None  # Dagster's storage (dagster_storage="postgres"), the records' sink
     cluster: SparkCluster | None = None  # with spark="cluster": the engine's (or every run's) master
     kafka: KafkaBroker | None = None  # with kafka=True: `ONCEFLOW_KAFKA_BOOTSTRAP` names it
 
@@ -110,6 +110,7 @@ def local_stack(
     dagster_storage: str = "sqlite",
     lake: str = "local",
     kafka: bool = False,
+    records: tuple[str, ...] = (),
 ) -> Iterator[LocalStack]:
     """Start the stack with `settings` (`ONCEFLOW_*` variables) on top of a clean environment; see the module
     docstring. `spark_remote` is an engine to use instead of starting one (Connect path); `engine_path="classic"`
@@ -117,7 +118,9 @@ def local_stack(
     every run's session (classic path, `ONCEFLOW_SPARK_MASTER`); `dagster_storage` is `sqlite` or `postgres`;
     `lake="gcs"` puts the whole home on the GCS emulator (`gs://<bucket>/home`, `STORAGE_EMULATOR_HOST` set for
     every process); `kafka=True` starts a KRaft broker (`ONCEFLOW_KAFKA_BOOTSTRAP`), on which a Kafka source's
-    topic is made with three partitions; `keep` keeps the working directory."""
+    topic is made with three partitions; `records` are the sinks of `events`' record output `events_clean`
+    (`ONCEFLOW_EVENTS_RECORDS`: `postgres` on a PostgreSQL the stack starts, `kafka` on its broker); `keep` keeps
+    the working directory."""
     if engine_path not in ("connect", "classic"):
         raise ValueError(f"engine_path={engine_path!r}: expected connect or classic")
     if spark not in ("local", "cluster"):
@@ -145,11 +148,16 @@ def local_stack(
             gcs.create_bucket("onceflow-lake")
             os.environ.update(STORAGE_EMULATOR_HOST=gcs.host, ONCEFLOW_HOME="gs://onceflow-lake/home")
         postgres = None
-        if dagster_storage == "postgres":
-            say("starting PostgreSQL for Dagster's runs, events and schedules")
+        if dagster_storage == "postgres" or "postgres" in records:
+            say("starting PostgreSQL (Dagster's runs, events and schedules; the record output's sink)")
             postgres = start_postgres()
             stops.append(postgres.stop)
-            os.environ.update(postgres.env())  # what the production dagster.yaml reads its connection from
+            if dagster_storage == "postgres":
+                os.environ.update(postgres.env())  # what the production dagster.yaml reads its connection from
+            if "postgres" in records:
+                os.environ["ONCEFLOW_EVENTS_POSTGRES_DSN"] = postgres.dsn
+        if records:
+            os.environ["ONCEFLOW_EVENTS_RECORDS"] = ",".join(records)
         say(f"starting the Pub/Sub emulator, the BigQuery emulator and the Spark engine path: {engine_path}")
         pubsub = start_pubsub_emulator()
         stops.append(pubsub.stop)

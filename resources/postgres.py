@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 MARKERS = "onceflow_commits"
 BATCH_COLUMN = "onceflow_batch"
+APPLICATION = "onceflow-sink"  # the `application_name` of its connections, as `pg_stat_activity` shows them
 
 
 class PostgresSchemaError(ValueError):
@@ -105,7 +106,8 @@ class PostgresTable:
 
     def _connect(self) -> psycopg.Connection:
         if self._connection is None or self._connection.closed:
-            self._connection = psycopg.connect(self._dsn, autocommit=True, connect_timeout=10)
+            self._connection = psycopg.connect(self._dsn, autocommit=True, connect_timeout=10,
+                                               application_name=APPLICATION)
         return self._connection
 
     def _cursor(self) -> Cursor:

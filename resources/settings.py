@@ -129,6 +129,13 @@ class Settings(BaseSettings):
     window_s: int = Field(default=60, ge=60)
     allowed_lateness_s: int = Field(default=30, ge=0)
     late_policy: Literal["drop", "refire"] = "drop"
+    events_records: Annotated[tuple[Literal["postgres", "kafka", "files"], ...], NoDecode] = Field(
+        default=(), description="The built-in `events` pipeline's record output `events_clean` and its sinks, "
+        "comma-separated: `postgres` (table `events_clean` at `ONCEFLOW_EVENTS_POSTGRES_DSN`), `kafka` (topic "
+        "`onceflow-events-clean` on `ONCEFLOW_KAFKA_BOOTSTRAP`), `files` (Parquet under `<home>/published`).",
+    )
+    events_postgres_dsn: SecretStr | None = Field(default=None, description="The database of `events_clean`'s "
+                                                  "`postgres` sink (a libpq connection string or URL).")
     dedup_horizon_s: int = Field(default=24 * 3600, gt=0)
     dedup_fast_path: bool = Field(default=True, description="An index of committed IDs' fingerprints (DESIGN 4, docs/dedup.md).")
     run_retention_h: float = Field(default=24.0, gt=0, description="Finished micro-batch runs are kept this long.")
@@ -164,7 +171,7 @@ class Settings(BaseSettings):
     def _spark_conf(cls, value: object) -> dict[str, str]:
         return parse_spark_conf(value) if isinstance(value, str) else value  # type: ignore[return-value]
 
-    @field_validator("spark_jars", mode="before")
+    @field_validator("spark_jars", "events_records", mode="before")
     @classmethod
     def _spark_jars(cls, value: object) -> object:
         return tuple(jar.strip() for jar in value.split(",") if jar.strip()) if isinstance(value, str) else value

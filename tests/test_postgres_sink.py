@@ -68,8 +68,8 @@ def test_a_server_down_past_the_budget_then_back_gets_each_batch_once(
     # The server drops the sink's connection (a restart): the next batch's attempt fails unreachable, the one
     # after it reconnects.
     with psycopg.connect(dsn, autocommit=True) as admin:
-        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = '' AND "
-                      "pid <> pg_backend_pid() AND datname = current_database()")
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = "
+                      "'onceflow-sink' AND datname = current_database()")
     second = staged_sequence(tmp_path, store, orders(["o3"], "2.00", 2), "postgres:shop.orders", 2)
     first_try = run_sequence(ctx, second, "dropped")
     assert first_try.outcome == "failed" and "ConnectionError" in (first_try.error or "")

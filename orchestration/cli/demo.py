@@ -6,7 +6,8 @@ be set up), and a temporary Dagster instance whose `dagster-daemon` runs `events
 out-of-order events, malformed messages, and late events for a window that has already closed); one micro-batch
 run's process is killed with SIGKILL in the middle of its batch. When every window is closed and published, the
 reconciliation is printed (per window: received = inserted + duplicates + late + dead-lettered; output equals
-the expected counts) and the exit status is 0 only if exactly-once held.
+the expected counts; every event once in the record output's PostgreSQL table, and on Kafka with `--source
+kafka`) and the exit status is 0 only if exactly-once held.
 
 `run_streaming` is the same scenario as a function, for the end-to-end test.
 """
@@ -74,7 +75,8 @@ def run_streaming(
     from onceflow.jobs.publish.commit_store import CommitStore
     from onceflow.jobs.sources.reader import open_source, source_watermark_ms
     from onceflow.jobs.verify.reconcile import render
-    from onceflow.orchestration.cli.verify import reconcile_pipeline
+    from onceflow.orchestration.cli.sink_audit import audit_record_outputs
+    from onceflow.orchestration.cli.verify import reconcile_pipeline, reconcile_record_outputs
     from onceflow.orchestration.deployments import LAKE, PUBSUB, resources_for
     from onceflow.orchestration.local_stack import PROFILES, local_stack
     from onceflow.orchestration.pipelines import load_pipelines
@@ -84,7 +86,8 @@ def run_streaming(
     from onceflow.resources.spark import build_spark_session
 
     settings = {**DEMO_SETTINGS, "ONCEFLOW_EVENTS_SOURCE": source}
-    with local_stack(settings, "onceflow-demo-", spark_remote, keep, say, kafka=source == "kafka",
+    records = ("postgres", "kafka") if source == "kafka" else ("postgres",)
+    with local_stack(settings, "onceflow-demo-", spark_remote, keep, say, kafka=source == "kafka", records=records,
                      **PROFILES[profile]) as stack:
         instance = stack.instance
         settings = load_settings()
@@ -162,6 +165,7 @@ def run_streaming(
             "all messages received (redeliveries may add to them)":
                 sum(r.received for r in rows) >= expected.messages,
             "a run was killed mid-batch": killed is not None,
+            **audit_record_outputs(pipeline, lake, reconcile_record_outputs(pipeline, lake)),
         }
         for name, held in checks.items():
             print(f"  [{'ok' if held else 'FAILED'}] {name}", flush=True)

@@ -4,7 +4,8 @@ Pub/Sub topic `onceflow-events` (or, with `ONCEFLOW_EVENTS_SOURCE=files`, the `*
 `ONCEFLOW_EVENTS_DIR`; with `kafka`, the Kafka topic `onceflow-events` on `ONCEFLOW_KAFKA_BOOTSTRAP`, the event
 time as the record timestamp); records `{"key": string, "value": number}` with attributes (headers) `event_id` and
 `event_time`;
-per window and key, `count` and `sum_value`. Its whole declaration comes from `ONCEFLOW_*` settings.
+per window and key, `count` and `sum_value`; with `ONCEFLOW_EVENTS_RECORDS`, every event to the record output
+`events_clean`. Its whole declaration comes from `ONCEFLOW_*` settings.
 """
 
 from __future__ import annotations
@@ -14,8 +15,12 @@ from pyspark.sql import functions as F
 
 from onceflow.jobs.declare.declaration import BigQuerySink, FileSink, PaneSink, Pipeline, WindowedOutput
 from onceflow.jobs.declare.durations import render_duration
+from onceflow.jobs.declare.kafka_sink import KafkaSink
+from onceflow.jobs.declare.postgres_sink import PostgresSink
+from onceflow.jobs.declare.record_output import RecordOutput
+from onceflow.jobs.declare.sink import Sink
 from onceflow.jobs.declare.sources import FileSource, KafkaSource, PubSubSource
-from onceflow.resources.settings import Settings
+from onceflow.resources.settings import Settings, SettingsError
 
 # Values are exact decimals (BigQuery's NUMERIC): sums are then the same whatever order Spark adds them in.
 SCHEMA = "key STRING NOT NULL, value DECIMAL(38, 9) NOT NULL"
@@ -43,6 +48,8 @@ def events_pipeline(settings: Settings) -> Pipeline:
     sinks: list[PaneSink] = [FileSink()]
     if settings.bigquery_dataset:
         sinks.append(BigQuerySink(table="event_counts"))
+    records = [RecordOutput(asset="events_clean", sinks=record_sinks(settings),
+                            description="Every event once, as raw holds it.")] if settings.events_records else []
     return Pipeline(
         name="events",
         source=source,
@@ -60,6 +67,23 @@ def events_pipeline(settings: Settings) -> Pipeline:
                 transform=event_counts,
                 sinks=sinks,
                 description="Per event-time window and key: count and exact sum of `value`.",
-            )
+            ),
+            *records,
         ],
     )
+
+
+def record_sinks(settings: Settings) -> list[Sink]:
+    """The sinks `ONCEFLOW_EVENTS_RECORDS` names for `events_clean`."""
+    sinks: list[Sink] = []
+    for name in settings.events_records:
+        if name == "postgres":
+            if settings.events_postgres_dsn is None:
+                raise SettingsError("ONCEFLOW_EVENTS_RECORDS names postgres: set ONCEFLOW_EVENTS_POSTGRES_DSN")
+            sinks.append(PostgresSink(dsn=settings.events_postgres_dsn.get_secret_value(), table="events_clean"))
+        elif name == "kafka":
+            sinks.append(KafkaSink(bootstrap_servers=settings.kafka_bootstrap, topic="onceflow-events-clean",
+                                   key="key"))
+        else:
+            sinks.append(FileSink(path=f"{settings.home_path}/published", format="parquet"))
+    return sinks

@@ -49,6 +49,11 @@ class PostgresServer:
         """An SQLAlchemy URL with the driver Dagster's storage needs (see deploy/dagster.prod.yaml)."""
         return f"postgresql+psycopg2://{self.user}:{self.password}@{self.host}:{self.port}/{self.database}"
 
+    @property
+    def dsn(self) -> str:
+        """A libpq URL of the database, as psycopg (and `PostgresSink`) takes it."""
+        return f"postgresql://{self.user}:{self.password}@{self.host}:{self.port}/{self.database}"
+
     def env(self) -> dict[str, str]:
         return {
             "DAGSTER_PG_HOST": self.host,

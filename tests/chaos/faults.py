@@ -1,6 +1,7 @@
 """The faults the chaos harness injects, each the real thing: a process killed at a named crash point, a SIGKILL
 of a run's process tree at a random instant, two launches of one micro-batch at once, a backfill racing the
-sensors, the Spark engine restarted under running work, the checkpoints replaced by an older copy of themselves.
+sensors, the Spark engine restarted under running work, the checkpoints replaced by an older copy of themselves,
+a run killed inside a sink's transaction, a sink's database dropping its connections.
 
 Direct launches (`dagster job execute`, `dagster asset materialize`) race the daemon's sensors on the same
 instance, as an operator's would.
@@ -19,6 +20,8 @@ from dataclasses import dataclass, field
 import dagster as dg
 
 from onceflow.jobs.declare.declaration import Pipeline
+from onceflow.jobs.declare.kafka_sink import KafkaSink
+from onceflow.jobs.declare.postgres_sink import PostgresSink
 from onceflow.jobs.windows.panes import CloseStore
 from onceflow.orchestration.local_stack import PROJECT_ROOT, LocalStack
 from onceflow.orchestration.sensors.runs import run_worker_pid
@@ -28,8 +31,9 @@ from onceflow.resources.processes import kill_tree
 from tests.chaos.operator_faults import OperatorFaults
 
 KINDS = ("crash_point", "sigkill", "double_launch", "backfill", "engine_restart", "checkpoint_rollback",
-         "first_second", "declaration_change", "topic_recreated", "transaction_open", "malformed_partition")
-WEIGHTS = (5, 4, 2, 2, 1, 1, 2, 1, 1, 1, 1)
+         "first_second", "declaration_change", "topic_recreated", "transaction_open", "malformed_partition",
+         "sink_crash", "sink_connections_dropped")
+WEIGHTS = (5, 4, 2, 2, 1, 1, 2, 1, 1, 1, 1, 2, 1)
 KAFKA_ONLY = frozenset({"topic_recreated", "transaction_open", "malformed_partition"})
 DAGSTER = [sys.executable, "-m", "dagster"]
 LOCATION = ["-m", "onceflow.orchestration.definitions"]
@@ -76,9 +80,9 @@ class FaultInjector(OperatorFaults, Worker):
     def crash_point(self) -> bool:
         """A direct launch with a random crash point armed; True once a process really died at it."""
         for _ in range(3):
-            point, pipeline = self.rng.choice(sorted(POINTS)), self._pipeline()
+            point, pipeline = self.rng.choice(sorted(p for p in POINTS if not p.startswith("sink."))), self._pipeline()
             if point.startswith(("window.", "commit.")):
-                output = self.rng.choice(pipeline.outputs)
+                output = self.rng.choice(pipeline.windowed_outputs)
                 closed = CloseStore(self.stack.lake.panes(), output.asset).windows(output.window_s)
                 if not closed:
                     continue
@@ -95,6 +99,36 @@ class FaultInjector(OperatorFaults, Worker):
                 self.log.note("crash_point", f"{point} in `dagster {' '.join(args[:2])}` of {pipeline.name}")
                 return True
         return False
+
+    def sink_crash(self) -> bool:
+        """A micro-batch of a pipeline with a record output killed inside a sink's commit (its rows written, the
+        transaction not committed); True once a process really died there."""
+        sinks = {"sink.postgres.before_commit": PostgresSink, "sink.kafka.before_commit": KafkaSink}
+        choices = [(point, p) for p in self.pipelines for point, kind in sinks.items()
+                   if any(isinstance(s, kind) for o in p.record_outputs for s in o.sinks)]
+        if not choices:
+            return False
+        point, pipeline = self.rng.choice(choices)
+        args = ["job", "execute", *LOCATION, "-j", f"ingest_{pipeline.name}"]
+        run = subprocess.run([*DAGSTER, *args], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300,
+                             env={**_env(), "ONCEFLOW_CRASH_AT": point})
+        if run.returncode != CRASH_EXIT_CODE:
+            return False  # no new batch to publish: nothing reached the sink
+        self.log.note("sink_crash", f"{point} in `dagster job execute` of {pipeline.name}")
+        return True
+
+    def sink_connections_dropped(self) -> bool:
+        """PostgreSQL drops every connection of the record output's sink, as a restart does: the publications
+        under way fail, as unreachable, and are finished by later attempts."""
+        if self.stack.postgres is None or not any(p.record_outputs for p in self.pipelines):
+            return False
+        import psycopg
+
+        with psycopg.connect(self.stack.postgres.dsn, autocommit=True) as admin:
+            dropped = admin.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE "
+                                    "application_name = 'onceflow-sink'").fetchone()
+        self.log.note("sink_connections_dropped", f"{dropped[0] if dropped else 0} PostgreSQL connections dropped")
+        return True
 
     def sigkill(self) -> bool:
         deadline = time.monotonic() + 20
@@ -122,7 +156,7 @@ class FaultInjector(OperatorFaults, Worker):
 
     def backfill(self) -> bool:
         pipeline = self._pipeline()
-        output = self.rng.choice(pipeline.outputs)
+        output = self.rng.choice(pipeline.windowed_outputs)
         windows = CloseStore(self.stack.lake.panes(), output.asset).windows(output.window_s)
         if len(windows) < 2:
             return False

@@ -5,7 +5,8 @@ fed by publishers with retries, out-of-order, late and malformed records, while 
 `dagster-daemon` drive them and `tests.chaos.faults` injects K faults racing them. When the traffic and the faults
 are over and everything has settled, the end state is read with independent readers and compared with what was
 sent: raw and dead letters with delta-rs against the publishers' own records, every window against its pinned
-input and its published files (`onceflow verify`'s reconciliation), BigQuery against the window table.
+input and its published files (`onceflow verify`'s reconciliation), BigQuery against the window table, and the
+record output `events_clean` in PostgreSQL (and on Kafka) against raw, each record once.
 
     python -m tests.chaos.harness --iterations 30 [--seed N] [--engine connect|classic] [--profile local|cluster-gcs]
                                   [--source pubsub|kafka]
@@ -43,7 +44,8 @@ from onceflow.jobs.publish.sequence import sequence_id
 from onceflow.jobs.sources.reader import open_source
 from onceflow.jobs.verify.reconcile import canonical_row, render
 from onceflow.jobs.windows.panes import CloseStore, Window
-from onceflow.orchestration.cli.verify import reconcile_pipeline
+from onceflow.orchestration.cli.sink_audit import audit_record_outputs
+from onceflow.orchestration.cli.verify import reconcile_pipeline, reconcile_record_outputs
 from onceflow.orchestration.deployments import PUBSUB, resources_for
 from onceflow.orchestration.local_stack import PROFILES, LocalStack, local_stack
 from onceflow.orchestration.pipelines import load_pipelines
@@ -117,8 +119,10 @@ def run_chaos(
     # The working directory (instance, lake, logs) is kept for inspection; removed when the run held.
     warm = engine_path == "classic" or source == "kafka"
     settings = SETTINGS | (WARM_RUNS if warm else {}) | {"ONCEFLOW_EVENTS_SOURCE": source}
+    # `events` publishes every record to a PostgreSQL table (and, on Kafka, to a topic): sinks under the faults too.
+    records = ("postgres", "kafka") if source == "kafka" else ("postgres",)
     with local_stack(settings, "onceflow-chaos-", keep=True, say=_say, engine_path=engine_path,
-                     kafka=source == "kafka", **PROFILES[profile]) as stack:
+                     kafka=source == "kafka", records=records, **PROFILES[profile]) as stack:
         workdir = stack.workdir
         settings = load_settings()
         pipelines = load_pipelines(settings)
@@ -209,7 +213,7 @@ def _unpublished(stack: LocalStack, pipelines: list, commits: CommitStore) -> li
             times = {t for (t,) in read_rows(raw, ["event_time"])}
         except TableNotFoundError:  # nothing ingested yet: nothing to publish
             continue
-        for output in pipeline.outputs:
+        for output in pipeline.windowed_outputs:
             closes = CloseStore(stack.lake.panes(), output.asset)
             windows = {Window.at(int(t.timestamp() * 1000), output.window_s) for t in times}
             for window in sorted(windows, key=lambda w: w.start_ms):
@@ -243,6 +247,11 @@ def _account(stack: LocalStack, pipelines: list, report: ChaosReport, sent: dict
         report.problems += [f"{pipeline.name}: unexpected record {i}"
                             for i in (set(raw) - valid - more.either) | (set(dead) - malformed - more.either)]
         report.problems += _bigquery_differences(stack, pipeline)
+        for check, held in audit_record_outputs(pipeline, stack.lake,
+                                                reconcile_record_outputs(pipeline, stack.lake)).items():
+            print(f"  [{'ok' if held else 'FAILED'}] {check}", flush=True)
+            if not held:
+                report.problems.append(f"{pipeline.name}: {check}")
         source, outputs = reconcile_pipeline(spark, pipeline, stack.lake)
         if not source.ok:
             report.problems.append(f"{pipeline.name}: reconciliation {source}")
@@ -286,7 +295,7 @@ def _bigquery_differences(stack: LocalStack, pipeline) -> list[str]:
     if stack.bigquery is None:
         return []
     client, problems = stack.bigquery.client(), []
-    for output in pipeline.outputs:
+    for output in pipeline.windowed_outputs:
         sink = next((s for s in output.sinks if isinstance(s, BigQuerySink)), None)
         if sink is None:
             continue
