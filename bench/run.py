@@ -25,7 +25,8 @@ Then `table_growth` (`--growth-*`), `loaded_growth` (the same sizes, tables fill
 (`--landing-*`), `kafka` (`--kafka-*`) and `profiles` (`--profile-*`): `bench/table_growth.py`,
 `bench/redelivery.py` (the exact lookup of redelivered old records as the table grows), `bench/latency.py`,
 `bench/landing.py` (`--only landing` runs the Pub/Sub landing figure alone), `bench/kafka.py` (Kafka -> raw against
-Structured Streaming's Kafka source), `bench/profiles.py` (exactly-once on the `cluster-gcs` profile against
+Structured Streaming's Kafka source), `kafka_postgres` (`bench/kafka_postgres.py`: Kafka -> PostgreSQL through a
+record output, against `foreachBatch` JDBC appends), `bench/profiles.py` (exactly-once on the `cluster-gcs` profile against
 `local`, each in its own process).
 With `--engine connect` the contenders are clients of a Spark Connect server on `local[2]` instead (what `make dev`
 and the demo run on), and the other benchmarks do not run.
@@ -63,6 +64,7 @@ from bench.kafka import BATCH as KAFKA_BATCH
 from bench.kafka import EVENTS as KAFKA_EVENTS
 from bench.kafka import ROUNDS as KAFKA_ROUNDS
 from bench.kafka import kafka
+from bench.kafka_postgres import jdbc_jar, kafka_postgres
 from bench.landing import EVENTS as LANDING_EVENTS
 from bench.landing import ROUNDS as LANDING_ROUNDS
 from bench.landing import landing
@@ -90,7 +92,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 ONCEFLOW = ingest_throughput.CONTENDERS  # exactly_once, at_least_once, exactly_once_dagster
 MODES = ingest_throughput.MODES  # exactly_once, at_least_once: the two delivery modes, run the same way
 CONTENDERS = (*ONCEFLOW, *peer.CONTENDERS)
-EXTRAS = ("table_growth", "loaded_growth", "redelivery", "latency", "landing", "kafka", "profiles")
+EXTRAS = ("table_growth", "loaded_growth", "redelivery", "latency", "landing", "kafka", "kafka_postgres", "profiles")
 ALIASES = {"ingest_throughput": ONCEFLOW}
 DATASETS = {d.name: d for d in (CLEAN, REALISTIC, FLIGHTS)}
 
@@ -307,7 +309,8 @@ def spark_benchmarks(
 ) -> tuple[dict[str, str], list[dict[str, Any]], dict[str, Any | None]]:
     """The benchmarks that need Spark, on one session (none is started when none of them is asked for): its
     settings, the data sets' runs, and `table_growth`, `latency` and `kafka` by name (None when not asked for)."""
-    extra = {"table_growth": table_growth, "loaded_growth": loaded_growth, "latency": latency, "kafka": kafka}
+    extra = {"table_growth": table_growth, "loaded_growth": loaded_growth, "latency": latency, "kafka": kafka,
+             "kafka_postgres": kafka_postgres}
     if not contenders and not extras & set(extra):
         return {}, [], dict.fromkeys(extra)
     conf = {"spark.sql.warehouse.dir": "", "spark.driver.memory": "2g"}
@@ -319,7 +322,9 @@ def spark_benchmarks(
             stack.enter_context(_environment(ONCEFLOW_SPARK_REMOTE=server.url))  # the Dagster contender's runs too
             spark = build_spark_session(remote=server.url)
         else:
-            spark = build_spark_session(app_name="onceflow-bench", conf=conf)
+            # The Kafka -> PostgreSQL peer writes over JDBC: the driver's jar is on the session from its start.
+            jars = [jdbc_jar()] if "kafka_postgres" in extras else []
+            spark = build_spark_session(app_name="onceflow-bench", conf=conf, jars=jars)
             stack.callback(spark.stop)
         settings = {k: spark.conf.get(k, None) for k in report.SPARK_SETTINGS}
         names = list(DATASETS) if args.dataset == "all" else [args.dataset]
@@ -419,6 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     result["redelivery"] = with_memory(redelivery, args) if "redelivery" in extras else None
     result["loaded_growth"] = extra["loaded_growth"]
     result["kafka"] = extra["kafka"]
+    result["kafka_postgres"] = extra["kafka_postgres"]
     result["profiles"] = with_memory(profiles, args) if "profiles" in extras else None
     result["machine"] = {**machine(), "load_avg_before": load_before, "load_avg_after": os.getloadavg()}
     result["commit"] = source_commit()

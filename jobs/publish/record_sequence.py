@@ -1,8 +1,8 @@
 """Publish a record output: each committed raw batch's records, staged, then written to every sink by a commit
 sequence (`onceflow.jobs.publish.sequence`), exactly once per (pipeline, output, epoch, batch).
 
-`stage_batch` reads the records batch n inserted (`batch_id = n` in the raw table, at a version at or after
-its commit: a batch's rows never change once committed), applies the output's transform, writes the result as a
+`stage_batch` reads the records batch n inserted (`batch_id = n` in the files its own commit added to the raw
+table: stable input, read at the cost of the batch alone), applies the output's transform, writes the result as a
 Parquet file under `<staging>/records/` and the sequence `<output>:epoch-<e>:batch-<n>`: a `RecordWrite` per
 sink, then `StagedDrop`. Nothing reaches a sink before the sequence is written; once it is, the ingest run (then,
 if that run dies, the commit sensor's finalize run) drives it.
@@ -23,12 +23,11 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
 
 from onceflow.jobs.declare.declaration import Pipeline
 from onceflow.jobs.declare.record_output import RECORD_COLUMNS, RecordOutput
+from onceflow.jobs.delta.batch_rows import inserted_rows, own_version
 from onceflow.jobs.delta.commit_log import batch_versions, committed_batch
-from onceflow.jobs.delta.transactions import latest_version
 from onceflow.jobs.publish.commit_records import (
     DEFAULT_MAX_ATTEMPTS,
     SequenceRecord,
@@ -71,19 +70,22 @@ def stage_through(
     spark: SparkSession, store: CommitStore, staging_root: str, output: RecordOutput, raw: RawBatches, batch: int,
     version: int | None = None,
 ) -> list[tuple[str, int, int]]:
-    """Stage every batch after the output's mark through `batch` (committed at or before table version
-    `version`, default the latest); (sequence id, batch, rows) of each, in batch order (written now or before)."""
+    """Stage every batch after the output's mark through `batch` (whose commit is version `version`, when known);
+    (sequence id, batch, rows) of each, in batch order (written now or before)."""
     mark = store.published_through(output.asset)
     wanted = list(range((mark or 0) + 1, batch + 1))
     if not wanted:
         return []
     versions = batch_versions(raw.raw_path, raw.app_id, wanted[:-1]) if len(wanted) > 1 else {}
-    latest = version if version is not None else latest_version(raw.raw_path)
+    own = own_version(raw.raw_path, raw.app_id, batch, version)
+    if own is None:
+        raise RuntimeError(f"{raw.raw_path}: no commit of batch {batch} of {raw.app_id} to publish")
+    versions[batch] = own
     staged = []
     for number in wanted:
-        if number != batch and number not in versions:
+        if number not in versions:
             continue  # not committed in this epoch (a batch number an earlier epoch's reset never used)
-        staged.append(stage_batch(spark, store, staging_root, output, raw, number, latest))
+        staged.append(stage_batch(spark, store, staging_root, output, raw, number, versions[number]))
         store.record_published(output.asset, number)
     return staged
 
@@ -120,14 +122,12 @@ def stage_batch(
 
 
 def publication_rows(spark: SparkSession, raw: RawBatches, output: RecordOutput, batch: int, version: int) -> pa.Table:
-    """The rows batch `batch` publishes to `output`: the records it inserted, read at table version `version`,
-    through the output's transform."""
-    columns = [*RECORD_COLUMNS, *(f"`{f.name}`" for f in raw.pipeline.record_schema.fields)]
-    records = (spark.read.format("delta").option("versionAsOf", version).load(raw.raw_path)
-               .where(F.col("batch_id") == F.lit(batch)).select(*columns))
-    if output.transform is not None:
-        records = output.transform(records)
-    return records.toArrow()
+    """The rows batch `batch` publishes to `output`: the records it inserted, read from the files of its own commit
+    (version `version`), through the output's transform (on Spark; without one, no Spark is needed)."""
+    rows = inserted_rows(raw.raw_path, version, batch, [*RECORD_COLUMNS, *raw.pipeline.record_schema.names])
+    if output.transform is None:
+        return rows
+    return output.transform(spark.createDataFrame(rows)).toArrow()
 
 
 def publications_of(store: CommitStore, asset: str, recent: int | None = None) -> list[tuple[str, list[RecordWrite]]]:
