@@ -25,6 +25,8 @@ import json
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -116,30 +118,40 @@ def _check(contender: str, table: str, id_column: str, events: int, sent: int) -
         raise BenchmarkError(f"kafka {contender}: {len(ids)} rows, {distinct} distinct IDs; expected {expected}")
 
 
+def sizes(args: argparse.Namespace) -> tuple[int, int, int]:
+    """The `--kafka-*` options: distinct events, timed rounds, records per batch."""
+    return (getattr(args, "kafka_events", None) or EVENTS, getattr(args, "kafka_rounds", None) or ROUNDS,
+            getattr(args, "kafka_batch", None) or BATCH)
+
+
+@contextmanager
+def clean_topic(tmp: Path, events: int) -> Iterator[tuple[KafkaBroker, int]]:
+    """A broker started under `tmp` with the topic holding the clean data set's lines: it and how many were sent."""
+    broker = start_kafka_broker(data_dir=tmp / "broker")
+    try:
+        broker.create_topic(TOPIC, partitions=PARTITIONS)
+        write_events(tmp / "files", events, files=20)
+        yield broker, produce_lines(broker, tmp / "files")
+    finally:
+        broker.stop()
+
+
 def kafka(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any]:
     """The JSON-ready result (see the module docstring)."""
-    events: int = getattr(args, "kafka_events", None) or EVENTS
-    rounds: int = getattr(args, "kafka_rounds", None) or ROUNDS
-    batch: int = getattr(args, "kafka_batch", None) or BATCH
+    events, rounds, batch = sizes(args)
     runs: dict[str, list[dict[str, Any]]] = {c: [] for c in CONTENDERS}
-    with tempfile.TemporaryDirectory(prefix="onceflow-bench-kafka-") as tmp:
-        broker = start_kafka_broker(data_dir=Path(tmp) / "broker")
-        try:
-            broker.create_topic(TOPIC, partitions=PARTITIONS)
-            write_events(Path(tmp) / "files", events, files=20)
-            sent = produce_lines(broker, Path(tmp) / "files")
-            for round_no in range(rounds + 1):
-                order = list(CONTENDERS) if round_no % 2 else list(CONTENDERS)[::-1]
-                for contender in order:
-                    seconds, table = run_once(spark, broker, contender, Path(tmp) / f"{contender}-{round_no}", batch)
-                    _check(contender, table, "record_id" if contender == "exactly_once" else CLEAN.id_field,
-                           events, sent)
-                    print(f"kafka round {round_no}{' (warm-up, discarded)' if not round_no else ''} {contender}: "
-                          f"{sent} records in {seconds:.2f} s, {sent / seconds:,.0f} records/s", flush=True)
-                    if round_no:
-                        runs[contender].append({"round": round_no, "seconds": seconds, "records_per_s": sent / seconds})
-        finally:
-            broker.stop()
+    with tempfile.TemporaryDirectory(prefix="onceflow-bench-kafka-") as tmp, clean_topic(Path(tmp), events) as (
+            broker, sent):
+        for round_no in range(rounds + 1):
+            order = list(CONTENDERS) if round_no % 2 else list(CONTENDERS)[::-1]
+            for contender in order:
+                seconds, table = run_once(spark, broker, contender, Path(tmp) / f"{contender}-{round_no}", batch)
+                _check(contender, table, "record_id" if contender == "exactly_once" else CLEAN.id_field,
+                       events, sent)
+                print(f"kafka round {round_no}{' (warm-up, discarded)' if not round_no else ''} {contender}: "
+                      f"{sent} records in {seconds:.2f} s, {sent / seconds:,.0f} records/s", flush=True)
+                if round_no:
+                    runs[contender].append({"round": round_no, "seconds": seconds, "records_per_s": sent / seconds})
     median = {c: statistics.median(r["records_per_s"] for r in runs[c]) for c in CONTENDERS}
     by_round = [e["records_per_s"] / s["records_per_s"] for e, s in zip(runs["exactly_once"], runs["streaming_dedup"],
                                                                          strict=True)]

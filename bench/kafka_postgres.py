@@ -35,8 +35,8 @@ import psycopg
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from bench.datasets import CLEAN, BenchmarkError, write_events
-from bench.kafka import BATCH, EVENTS, PARTITIONS, ROUNDS, TOPIC, produce_lines
+from bench.datasets import CLEAN, BenchmarkError
+from bench.kafka import PARTITIONS, TOPIC, clean_topic, sizes
 from onceflow.jobs.declare.declaration import Pipeline
 from onceflow.jobs.declare.postgres_sink import PostgresSink
 from onceflow.jobs.declare.record_output import RecordOutput
@@ -48,7 +48,7 @@ from onceflow.jobs.publish.sequence import CommitSequence, run_sequence
 from onceflow.jobs.publish.step import CommitContext
 from onceflow.jobs.sources.reader import open_source
 from onceflow.orchestration.pipelines import resolve
-from onceflow.resources.emulators.kafka import KafkaBroker, start_kafka_broker
+from onceflow.resources.emulators.kafka import KafkaBroker
 from onceflow.resources.emulators.postgres import PostgresServer, start_postgres
 from onceflow.resources.lake import LakeResource
 from onceflow.resources.maven_jars import MavenArtifact, ensure_artifact, jar_cache_dir
@@ -64,8 +64,8 @@ def jdbc_jar() -> str:
 
 
 def _onceflow(spark: SparkSession, broker: KafkaBroker, server: PostgresServer, home: Path, batch: int,
-              table: str) -> tuple[float, list[float], str]:
-    """onceflow's drain: its seconds, each batch's raw commit -> sink latency, its sequences' prefix."""
+              table: str) -> tuple[float, list[float]]:
+    """onceflow's drain: its seconds, and each batch's raw commit -> sink latency."""
     sink = PostgresSink(dsn=server.dsn, table=table)
     output = RecordOutput(asset=table, sinks=[sink])
     source = KafkaSource(bootstrap_servers=broker.bootstrap, topic=TOPIC, id_header="event_id",
@@ -97,7 +97,7 @@ def _onceflow(spark: SparkSession, broker: KafkaBroker, server: PostgresServer, 
             pending.result()
     seconds = time.perf_counter() - start
     sink.close()
-    return seconds, latencies, table
+    return seconds, latencies
 
 
 def _replay_onceflow(home: Path, table: str, server: PostgresServer) -> None:
@@ -152,24 +152,20 @@ def _counts(server: PostgresServer, table: str, id_column: str) -> tuple[int, in
 
 def kafka_postgres(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any]:
     """The JSON-ready result (see the module docstring)."""
-    events: int = getattr(args, "kafka_events", None) or EVENTS
-    rounds: int = getattr(args, "kafka_rounds", None) or ROUNDS
-    batch: int = getattr(args, "kafka_batch", None) or BATCH
+    events, rounds, batch = sizes(args)
     runs: dict[str, list[dict[str, Any]]] = {c: [] for c in CONTENDERS}
     latencies: list[float] = []
     duplicates: dict[str, int] = {}
-    with tempfile.TemporaryDirectory(prefix="onceflow-bench-kafka-pg-") as tmp:
-        broker, server = start_kafka_broker(data_dir=Path(tmp) / "broker"), start_postgres()
-        try:
-            broker.create_topic(TOPIC, partitions=PARTITIONS)
-            write_events(Path(tmp) / "files", events, files=20)
-            sent = produce_lines(broker, Path(tmp) / "files")
+    server = start_postgres()
+    try:
+        with tempfile.TemporaryDirectory(prefix="onceflow-bench-kafka-pg-") as tmp, clean_topic(Path(tmp), events) as (
+                broker, sent):
             for round_no in range(rounds + 1):
                 order = list(CONTENDERS) if round_no % 2 else list(CONTENDERS)[::-1]
                 for contender in order:
                     home, table = Path(tmp) / f"{contender}-{round_no}", f"{contender}_{round_no}"
                     if contender == "exactly_once":
-                        seconds, batch_latencies, _ = _onceflow(spark, broker, server, home, batch, table)
+                        seconds, batch_latencies = _onceflow(spark, broker, server, home, batch, table)
                         expected, id_column = (events, events), "record_id"
                     else:
                         seconds, batch_latencies = _peer(spark, broker, server, home, batch, table), []
@@ -189,9 +185,8 @@ def kafka_postgres(spark: SparkSession, args: argparse.Namespace) -> dict[str, A
                         else:
                             _replay_peer(spark, broker, server, home, batch, table)
                         duplicates[contender] = _counts(server, table, id_column)[0] - rows_before
-        finally:
-            broker.stop()
-            server.stop()
+    finally:
+        server.stop()
     median = {c: statistics.median(r["records_per_s"] for r in runs[c]) for c in CONTENDERS}
     ordered = sorted(latencies)
     return {
