@@ -225,7 +225,8 @@ def fmt(value: float | None, unit: str = "") -> str:
 
 
 def extras(result: dict[str, Any]) -> list[str]:
-    """Printed lines for `table_growth`, `redelivery`, `latency`, `landing`, `kafka` and `profiles`, when they ran."""
+    """Printed lines for `table_growth`, `redelivery`, `latency`, `landing`, `kafka`, `kafka_postgres` and
+    `profiles`, when they ran."""
     lines = []
     growth, latency, landing = result.get("table_growth"), result.get("latency"), result.get("landing")
     if growth:
@@ -275,6 +276,16 @@ def extras(result: dict[str, Any]) -> list[str]:
                      f"exactly_once ÷ streaming_dedup x{streamed['exactly_once_over_streaming_dedup']:.2f} (round by "
                      "round " + " ".join(f"{r:.2f}" for r in streamed["exactly_once_over_streaming_dedup_by_round"])
                      + f"), ÷ floor x{streamed['exactly_once_over_floor']:.2f}{_memory(streamed)}")
+    published = result.get("kafka_postgres")
+    if published:
+        rps, latency = published["records_per_s"], published["raw_commit_to_postgres_s"]
+        dups = published["duplicates_after_a_replayed_batch"]
+        lines.append("kafka -> postgres: " + ", ".join(f"{name} {value:,.0f}" for name, value in rps.items())
+                     + f" records/s; exactly_once ÷ foreach_batch_jdbc x{published['exactly_once_over_foreach_batch_jdbc']:.2f}"
+                     + " (round by round " + " ".join(f"{r:.2f}" for r in published["by_round"]) + "); duplicates "
+                     f"after a replayed batch: exactly_once {dups['exactly_once']}, foreach_batch_jdbc "
+                     f"{dups['foreach_batch_jdbc']}; raw commit -> PostgreSQL p50 {latency['p50']:.2f} s, p90 "
+                     f"{latency['p90']:.2f} s over {latency['batches']} batches{_memory(published)}")
     deployed = result.get("profiles")
     if deployed:
         local, cluster = (deployed["profiles"][name]["records_per_s"] for name in ("local", "cluster-gcs"))
