@@ -22,7 +22,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from onceflow.jobs.declare.declaration import BigQuerySink, DeclarationError, Pipeline, WindowedOutput
+    from onceflow.jobs.declare.bigquery_sink import BigQuerySink
+    from onceflow.jobs.declare.declaration import Pipeline, WindowedOutput
+    from onceflow.jobs.declare.errors import DeclarationError
     from onceflow.jobs.declare.file_sink import FileSink
     from onceflow.jobs.declare.kafka_sink import KafkaSink
     from onceflow.jobs.declare.postgres_sink import PostgresSink
@@ -35,9 +37,9 @@ if TYPE_CHECKING:
 __version__ = "0.2.0"
 
 _PUBLIC = {
-    "BigQuerySink": "onceflow.jobs.declare.declaration",
+    "BigQuerySink": "onceflow.jobs.declare.bigquery_sink",
     "Commit": "onceflow.jobs.declare.sink",
-    "DeclarationError": "onceflow.jobs.declare.declaration",
+    "DeclarationError": "onceflow.jobs.declare.errors",
     "FileSink": "onceflow.jobs.declare.file_sink",
     "KafkaSink": "onceflow.jobs.declare.kafka_sink",
     "PostgresSink": "onceflow.jobs.declare.postgres_sink",

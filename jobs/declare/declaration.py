@@ -21,7 +21,9 @@ from typing import Any, Literal, get_args
 from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
+from onceflow.jobs.declare.bigquery_sink import BigQuerySink
 from onceflow.jobs.declare.durations import Duration, check_window_size, normal_duration, parse_duration
+from onceflow.jobs.declare.errors import DeclarationError
 from onceflow.jobs.declare.file_sink import FileSink
 from onceflow.jobs.declare.record_output import RecordOutput, check_record_output
 from onceflow.jobs.declare.schema import SchemaError, parse_schema, schema_ddl
@@ -52,35 +54,6 @@ Delivery = Literal["exactly_once", "at_least_once"]
 LatePolicy = Literal["drop", "refire"]
 DELIVERY_MODES: tuple[str, ...] = get_args(Delivery)
 LATE_POLICIES: tuple[str, ...] = get_args(LatePolicy)
-
-
-class DeclarationError(ValueError):
-    """A pipeline declaration onceflow cannot run; the message names the pipeline and the field."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class BigQuerySink:
-    """Publish each final pane into the BigQuery table `table` (dataset default: `ONCEFLOW_BIGQUERY_DATASET`).
-
-    `table` may name its dataset and project as BigQuery writes them: `"dataset.table"`, `"project.dataset.table"`.
-    """
-
-    table: str
-    dataset: str | None = None
-    project: str | None = None
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.table, str) or "." not in self.table:
-            return
-        *qualifiers, table = self.table.rsplit(".", 2)
-        named = dict(zip(("project", "dataset")[-len(qualifiers):], qualifiers, strict=True))
-        for name, value in named.items():
-            given = getattr(self, name)
-            if given is not None and given != value:
-                raise DeclarationError(f"BigQuerySink: table {self.table!r} names {name} {value!r}, but {name}="
-                                       f"{given!r} is given too: name it once")
-            object.__setattr__(self, name, value)
-        object.__setattr__(self, "table", table)
 
 
 PaneSink = FileSink | BigQuerySink
