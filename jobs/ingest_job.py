@@ -26,7 +26,7 @@ from onceflow.jobs.delta.transactions import warm_writer
 from onceflow.jobs.ingest.micro_batch import run_micro_batch
 from onceflow.jobs.ingest.result import IngestResult
 from onceflow.jobs.raw_checks import dead_letter_evaluation
-from onceflow.jobs.record_publisher import RecordPublisher, publication_events
+from onceflow.jobs.record_publisher import Publication, RecordPublisher, publication_events
 from onceflow.jobs.run_relay import Turn, keep_going, plan_end, release, take_turn
 from onceflow.jobs.run_worker import START_TIMEOUT_S, record_worker
 from onceflow.jobs.sources.reader import SourceRuntime, open_source
@@ -112,6 +112,8 @@ def build_ingest_job(
         publisher = (RecordPublisher(source, onceflow_lake, (context.run_id, context.run.root_run_id or context.run_id))
                      if pipeline.record_outputs else None)
         try:
+            if publisher is not None:
+                _log_publications(context, publisher.catch_up(get_spark))
             committed = _take_batches(context, raw_key, get_spark, source, (until_ms, start_timeout_s), first_request,
                                       publisher)
         finally:
@@ -234,7 +236,11 @@ def _publish(
     result: IngestResult,
 ) -> None:
     """Publish a committed batch to the record outputs (on the report thread: after its raw materialization)."""
-    for publication in publisher.publish(get_spark, result):
+    _log_publications(context, publisher.publish(get_spark, result.batch_id, result.raw_version))
+
+
+def _log_publications(context: dg.OpExecutionContext, publications: list[Publication]) -> None:
+    for publication in publications:
         context.log.info(f"{publication.output.asset} batch {publication.batch}: {publication.rows} rows, "
                          f"{publication.result.outcome} in {publication.ms:.0f} ms"
                          + (f" ({publication.result.error})" if publication.result.error else ""))

@@ -17,7 +17,7 @@ from pyspark.sql import SparkSession
 
 from onceflow.jobs.declare.declaration import Pipeline
 from onceflow.jobs.declare.record_output import RecordOutput, close_sinks
-from onceflow.jobs.ingest.result import IngestResult
+from onceflow.jobs.delta.commit_log import committed_batch
 from onceflow.jobs.publish.commit_store import CommitStore
 from onceflow.jobs.publish.record_sequence import (
     RawBatches,
@@ -32,6 +32,12 @@ from onceflow.jobs.sources.reader import SourceRuntime
 from onceflow.resources.lake import LakeResource
 
 SINKS_HOLD_BATCHES = "sinks_hold_batches"
+
+
+def records_behind(pipeline: Pipeline, store: CommitStore, committed: int) -> bool:
+    """Whether a record output of `pipeline` has not staged every batch through `committed` (the source's last)."""
+    marks = [store.published_through(o.asset) for o in pipeline.record_outputs]
+    return any(mark is not None and mark < committed for mark in marks)
 
 
 def record_outputs_of(pipelines: Sequence[Pipeline]) -> dict[str, RecordOutput]:
@@ -67,15 +73,24 @@ class RecordPublisher:
         for output in self.outputs:
             start_output(self.ctx.store, output, self.raw, source.checkpoints.first_batch)
 
-    def publish(self, get_spark: Callable[[], SparkSession], result: IngestResult) -> list[Publication]:
-        """Stage and drive every record output's batches through the one `result` committed."""
+    def catch_up(self, get_spark: Callable[[], SparkSession]) -> list[Publication]:
+        """Stage and drive the batches the raw table holds that an output has not staged: a run that died between
+        a raw commit and staging left them, and with no new data no next commit would."""
+        held = committed_batch(self.raw.raw_path, self.raw.app_id)
+        if held is None or all((self.ctx.store.published_through(o.asset) or 0) >= held for o in self.outputs):
+            return []
+        return self.publish(get_spark, held)
+
+    def publish(self, get_spark: Callable[[], SparkSession], batch: int, version: int | None = None) -> list[Publication]:
+        """Stage and drive every record output's batches through `batch` (committed as table version `version`,
+        when known)."""
         done = []
         for output in self.outputs:
-            for seq, batch, rows in stage_through(get_spark(), self.ctx.store, self.staging, output, self.raw,
-                                                  result.batch_id, result.raw_version):
+            for seq, number, rows in stage_through(get_spark(), self.ctx.store, self.staging, output, self.raw,
+                                                   batch, version):
                 began = time.monotonic()
                 outcome = run_sequence(self.ctx, seq, self.run_id, self.root_run_id)
-                done.append(Publication(output, seq, batch, rows, outcome, (time.monotonic() - began) * 1000))
+                done.append(Publication(output, seq, number, rows, outcome, (time.monotonic() - began) * 1000))
         return done
 
     def close(self) -> None:

@@ -37,6 +37,7 @@ FAULT_POINTS = frozenset(
         "window.after_merge",
         "commit.after_write_sequence",
         "commit.after_step",
+        "publish.before_stage",
         "sink.postgres.before_commit",
         "sink.kafka.before_commit",
     }

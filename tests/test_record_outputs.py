@@ -19,11 +19,17 @@ from confluent_kafka import Consumer, TopicPartition
 
 from onceflow.jobs.publish.commit_records import DONE
 from onceflow.jobs.publish.commit_store import CommitStore
+from onceflow.orchestration.deployments import LAKE, PUBSUB
+from onceflow.orchestration.pipelines import load_pipelines
 from onceflow.orchestration.sensors.commit import plan_sequence
+from onceflow.orchestration.sensors.micro_batch import build_micro_batch_sensor
 from onceflow.orchestration.sensors.runs import reap_if_dead
 from onceflow.resources.emulators.kafka import KafkaBroker
 from onceflow.resources.emulators.postgres import PostgresServer
+from onceflow.resources.lake import LakeResource
 from onceflow.resources.object_store import open_store
+from onceflow.resources.pubsub import PubSubResource
+from onceflow.resources.settings import load_settings
 from onceflow.resources.spark_connect import SparkConnectServer
 from tests.pipelines import dagster_cli, dagster_micro_batch, onceflow_cli
 from tests.postgres import fresh_database, postgres  # noqa: F401 - a fixture
@@ -92,6 +98,18 @@ def finish_unfinished(env: dict[str, str], home: Path) -> None:
             assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
+def sensor_wants(env: dict[str, str], home: Path) -> str:
+    """Why the pipeline's micro-batch sensor asks for a run now (its skip reason when it does not)."""
+    (pipeline,) = load_pipelines(load_settings())
+    with dg.DagsterInstance.from_config(env["dagster_home"]) as instance:
+        context = dg.build_sensor_context(instance=instance, resources={
+            LAKE: LakeResource(home=str(home)), PUBSUB: PubSubResource(project="unused")})
+        result = build_micro_batch_sensor(pipeline, idle_tick_s=0)(context)
+    if isinstance(result, dg.SkipReason):
+        return result.skip_message or ""
+    return result.run_requests[0].tags["onceflow/why"]
+
+
 def test_every_record_reaches_every_sink_once_through_crashes_in_each_sinks_commit(env: dict[str, str],
                                                                                    home: Path) -> None:
     directory = Path(env["ORDERS_DIR"])
@@ -101,11 +119,17 @@ def test_every_record_reaches_every_sink_once_through_crashes_in_each_sinks_comm
         [order(6), order(7), order(1)],
         [order(8)],
     ]
-    for index, lines in enumerate(files):
-        (directory / f"{index}.jsonl").write_text("\n".join(lines) + "\n")
-    # Each run takes one batch (one file) and is killed inside a different step of its publication.
+    # The first run dies between the raw commit and staging its publication, with no more data in sight: the
+    # sensor asks for a run anyway, which stages the batch (and dies inside PostgreSQL's commit of it).
+    (directory / "0.jsonl").write_text("\n".join(files[0]) + "\n")
+    first = dagster_micro_batch(str(home), "publish.before_stage", "orders", env["dagster_home"])
+    assert first.returncode != 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "a record output has not staged every committed batch" in sensor_wants(env, home)
+    # Then each run takes one batch (one file) and is killed inside a different step of its publication.
     crashes = ["sink.postgres.before_commit", "sink.kafka.before_commit", "commit.after_step#2", None]
-    for crash in crashes:
+    for index, crash in enumerate(crashes):
+        if index:
+            (directory / f"{index}.jsonl").write_text("\n".join(files[index]) + "\n")
         run = dagster_micro_batch(str(home), crash, "orders", env["dagster_home"])
         assert (run.returncode == 0) == (crash is None), run.stdout[-3000:] + run.stderr[-3000:]
     finish_unfinished(env, home)

@@ -76,6 +76,7 @@ def stage_through(
     wanted = list(range((mark or 0) + 1, batch + 1))
     if not wanted:
         return []
+    fault_point("publish.before_stage")
     versions = batch_versions(raw.raw_path, raw.app_id, wanted[:-1]) if len(wanted) > 1 else {}
     own = own_version(raw.raw_path, raw.app_id, batch, version)
     if own is None:

@@ -3,7 +3,8 @@
 A batch is requested when the source has new data; when its lake holds batches its checkpoint does not (the
 checkpoint was restored from an older copy: the batch realigns it, so the watermark and the windows resume even
 with no new data); or, with no new data, every `idle_tick_s` while some window is still open, so that an idle
-source's watermark advances and its last windows close. Never while a batch of the source is in flight (queued,
+source's watermark advances and its last windows close, or while a record output has not staged every committed
+batch (a run died between the raw commit and staging: the next run stages them). Never while a batch of the source is in flight (queued,
 running, or failed with a Dagster retry pending): batches commit in order, one at a time, which the source's
 runs' turns (`onceflow.jobs.run_relay`) enforce as well. The one exception: while the source is active, a worker run
 (`ONCEFLOW_MICRO_BATCH_RUN_S`) gets its successor requested shortly before its planned end (run key
@@ -24,6 +25,8 @@ from google.api_core.exceptions import NotFound
 from onceflow.jobs.declare.declaration import Pipeline
 from onceflow.jobs.ingest.micro_batch import lake_ahead
 from onceflow.jobs.ingest_job import raw_asset_key, source_tag
+from onceflow.jobs.publish.commit_store import CommitStore
+from onceflow.jobs.record_publisher import records_behind
 from onceflow.jobs.run_relay import RELAY_LEAD_S, RELAY_TAG, due_for_relay
 from onceflow.jobs.run_worker import START_TIMEOUT_S
 from onceflow.jobs.sources.checkpoint import SourceCheckpoint
@@ -114,6 +117,9 @@ def build_micro_batch_sensor(
             why = "the lake is ahead of the checkpoint: realign it"
         elif windows_open(pipeline, checkpoint) and now_ms - cursor["at_ms"] >= idle_tick_s * 1000:
             why = "idle tick: advance the watermark"
+        elif (records_behind(pipeline, CommitStore(onceflow_lake.commits()), checkpoint.committed_batch)
+              and now_ms - cursor["at_ms"] >= idle_tick_s * 1000):
+            why = "a record output has not staged every committed batch: publish them"
         else:
             return dg.SkipReason("no new data, and no window waiting for the watermark")
         batch = max(checkpoint.next_batch, cursor["batch"])
