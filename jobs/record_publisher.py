@@ -34,10 +34,14 @@ from onceflow.resources.lake import LakeResource
 SINKS_HOLD_BATCHES = "sinks_hold_batches"
 
 
-def records_behind(pipeline: Pipeline, store: CommitStore, committed: int) -> bool:
-    """Whether a record output of `pipeline` has not staged every batch through `committed` (the source's last)."""
-    marks = [store.published_through(o.asset) for o in pipeline.record_outputs]
-    return any(mark is not None and mark < committed for mark in marks)
+def records_behind(source: SourceRuntime, store: CommitStore) -> bool:
+    """Whether a record output of the source's pipeline has not staged every batch its raw table holds of the
+    source's epoch: what `RecordPublisher.catch_up` then stages, so that asking again finds nothing behind."""
+    if not source.pipeline.record_outputs:
+        return False
+    held = committed_batch(source.raw_path, source.app_id)
+    marks = [store.published_through(o.asset) for o in source.pipeline.record_outputs]
+    return held is not None and any(mark is not None and mark < held for mark in marks)
 
 
 def record_outputs_of(pipelines: Sequence[Pipeline]) -> dict[str, RecordOutput]:

@@ -117,8 +117,8 @@ def build_micro_batch_sensor(
             why = "the lake is ahead of the checkpoint: realign it"
         elif windows_open(pipeline, checkpoint) and now_ms - cursor["at_ms"] >= idle_tick_s * 1000:
             why = "idle tick: advance the watermark"
-        elif (records_behind(pipeline, CommitStore(onceflow_lake.commits()), checkpoint.committed_batch)
-              and now_ms - cursor["at_ms"] >= idle_tick_s * 1000):
+        elif (now_ms - cursor["at_ms"] >= idle_tick_s * 1000
+              and records_behind(source, CommitStore(onceflow_lake.commits()))):
             why = "a record output has not staged every committed batch: publish them"
         else:
             return dg.SkipReason("no new data, and no window waiting for the watermark")
