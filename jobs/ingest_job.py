@@ -144,8 +144,9 @@ def _take_batches(
     runs it hands over to), the next ones while `keep_going` says so; how many batches committed.
 
     A batch's log line and materialization are written to the instance (a write to its storage each) on a thread
-    of their own, in order, while the next batch runs; so is its publication to the record outputs (`publisher`). Before its planned end, a run asks whether another run waits
-    for it about once a second, not once a batch: each ask reads the source's runs from the instance.
+    of their own, in order, while the next batch runs, and its publication to the record outputs (`publisher`)
+    follows them there. Before its planned end, a run asks whether another run waits for it about once a second,
+    not once a batch: each ask reads the source's runs from the instance.
     """
     tags, (requested_ms, requested_by), (until_ms, start_timeout_s) = source_tag(source.pipeline), first_request, until
     committed, asked_ms = 0, _now_ms()
@@ -158,9 +159,8 @@ def _take_batches(
                 metadata = _metadata(source, result, requested_ms, requested_by)
                 if reported is not None:
                     reported.result()
-                reported = reports.submit(_report, context, raw_key, source, result, metadata, rows)
-                if publisher is not None:
-                    reported = reports.submit(_publish, context, publisher, get_spark, result)
+                reported = reports.submit(_report, context, raw_key, source, result, metadata, rows,
+                                          (publisher, get_spark))
                 committed += 1
             if until_ms is None:
                 break
@@ -213,9 +213,11 @@ def _metadata(source: SourceRuntime, result: IngestResult, requested_ms: int, re
 def _report(
     context: dg.OpExecutionContext, raw_key: dg.AssetKey, source: SourceRuntime, result: IngestResult,
     metadata: dict[str, Any], rows: RowCounts,
+    records: tuple[RecordPublisher | None, Callable[[], SparkSession]],
 ) -> None:
     """Say what a committed batch did and record it as a materialization, with the table's rows now and then
-    (Dagster's `dagster/row_count`, read from the log here, beside the next batch)."""
+    (Dagster's `dagster/row_count`, read from the log here, beside the next batch); then publish it to the record
+    outputs (`records`: their publisher and the run's sessions)."""
     count = rows.at(result.raw_version)
     if count is not None:
         metadata = {**metadata, "dagster/row_count": count}
@@ -229,14 +231,9 @@ def _report(
                                    f"batch {result.batch_id}")
     if check is not None:
         context.log_event(check)
-
-
-def _publish(
-    context: dg.OpExecutionContext, publisher: RecordPublisher, get_spark: Callable[[], SparkSession],
-    result: IngestResult,
-) -> None:
-    """Publish a committed batch to the record outputs (on the report thread: after its raw materialization)."""
-    _log_publications(context, publisher.publish(get_spark, result.batch_id, result.raw_version))
+    publisher, get_spark = records
+    if publisher is not None:
+        _log_publications(context, publisher.publish(get_spark, result.batch_id, result.raw_version))
 
 
 def _log_publications(context: dg.OpExecutionContext, publications: list[Publication]) -> None:
