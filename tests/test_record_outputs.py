@@ -15,7 +15,6 @@ import dagster as dg
 import psycopg
 import pyarrow.parquet as pq
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 
 from onceflow.jobs.publish.commit_records import DONE
 from onceflow.jobs.publish.commit_store import CommitStore
@@ -33,6 +32,7 @@ from onceflow.resources.settings import load_settings
 from onceflow.resources.spark_connect import SparkConnectServer
 from tests.pipelines import dagster_cli, dagster_micro_batch, onceflow_cli
 from tests.postgres import fresh_database, postgres  # noqa: F401 - a fixture
+from tests.test_kafka_sink import committed_records
 
 pytestmark = pytest.mark.engine_paths
 
@@ -60,24 +60,6 @@ def env(tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch, spark_conne
     with dg.DagsterInstance.from_config(str(tmp_path / "dagster")):
         pass
     return {**settings, "dagster_home": str(tmp_path / "dagster")}
-
-
-def kafka_records(bootstrap: str, topic: str) -> list[tuple[str, dict, dict]]:
-    """Every committed record of the topic's partitions: (key, value, headers)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "check", "isolation.level": "read_committed",
-                         "enable.auto.commit": False, "enable.partition.eof": True})
-    partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
-    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-    found, ended = [], set()
-    while len(ended) < len(partitions):
-        for message in consumer.consume(500, 1.0):
-            if message.error() is not None:
-                ended.add(message.partition())
-                continue
-            headers = {k: v.decode() for k, v in message.headers() or ()}
-            found.append((message.key().decode(), json.loads(message.value()), headers))
-    consumer.close()
-    return found
 
 
 def finish_unfinished(env: dict[str, str], home: Path) -> None:
@@ -148,7 +130,7 @@ def test_every_record_reaches_every_sink_once_through_crashes_in_each_sinks_comm
     assert sorted(r[0] for r in log) == sorted(expected)  # appended once each: no batch twice
     assert sorted(markers) == sorted([("public.order_log", n) for n in (2, 2, 2, 1)]
                                      + [("public.orders", n) for n in (2, 2, 2, 1)])
-    records = kafka_records(env["KAFKA_BOOTSTRAP"], env["ORDERS_TOPIC"])
+    records = committed_records(env["KAFKA_BOOTSTRAP"], env["ORDERS_TOPIC"])
     assert sorted(key for key, _, _ in records) == sorted(expected)
     assert all(headers["record_id"] == value["record_id"] == key for key, value, headers in records)
     parts = sorted((Path(env["ORDERS_OUT"]) / "orders_clean" / "epoch=0").iterdir())
