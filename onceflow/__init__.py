@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from onceflow.jobs.declare.kafka_sink import KafkaSink
     from onceflow.jobs.declare.postgres_sink import PostgresSink
     from onceflow.jobs.declare.record_output import RecordOutput
-    from onceflow.jobs.declare.sink import Commit, Sink
+    from onceflow.jobs.declare.sink import Commit, Sink, SinkUnavailable
     from onceflow.jobs.declare.sources import FileSource, KafkaSource, PubSubSource
     from onceflow.orchestration.component import OnceflowPipelines
     from onceflow.orchestration.definitions import definitions
@@ -45,6 +45,7 @@ _PUBLIC = {
     "PostgresSink": "onceflow.jobs.declare.postgres_sink",
     "RecordOutput": "onceflow.jobs.declare.record_output",
     "Sink": "onceflow.jobs.declare.sink",
+    "SinkUnavailable": "onceflow.jobs.declare.sink",
     "FileSource": "onceflow.jobs.declare.sources",
     "KafkaSource": "onceflow.jobs.declare.sources",
     "Pipeline": "onceflow.jobs.declare.declaration",
@@ -67,6 +68,7 @@ __all__ = [
     "PubSubSource",
     "RecordOutput",
     "Sink",
+    "SinkUnavailable",
     "WindowedOutput",
     "__version__",
     "definitions",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import re
 import sqlite3
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
@@ -23,6 +24,8 @@ from onceflow import (
     Pipeline,
     PostgresSink,
     RecordOutput,
+    Sink,
+    SinkUnavailable,
     WindowedOutput,
 )
 from onceflow.jobs.publish.commit_store import CommitStore
@@ -122,3 +125,29 @@ def test_one_sink_alone_is_one_sink_and_outputs_share_no_asset_name() -> None:
         declare(RecordOutput(asset="copy", sinks=[sink]),
                 WindowedOutput(asset="copy", window="1m", transform=lambda df: df))
     assert "dsn" not in repr(PostgresSink(dsn="postgresql://user:secret@host/db", table="t"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Flaky(Sink):
+    """A user's sink whose system is unreachable for its first `down` calls."""
+
+    down: int
+    calls: list[str] = field(default_factory=list, compare=False)
+
+    def write(self, rows: pa.Table, commit: Commit) -> None:
+        self.calls.append("write")
+        if len(self.calls) <= self.down:
+            raise SinkUnavailable("the API answers 503")
+
+    def committed(self, commit: Commit) -> bool:
+        return "write" in self.calls[self.down:]
+
+
+def test_a_user_sink_that_says_it_is_unavailable_uses_no_attempt(tmp_path: Path) -> None:
+    sink = Flaky(down=8)
+    store = CommitStore(open_store(f"{tmp_path}/commits"))
+    ctx = CommitContext(store, records={"orders_copy": RecordOutput(asset="orders_copy", sinks=[sink])})
+    seq = staged_sequence(tmp_path, store, pa.table({"record_id": ["a"]}), sink.name, 1)
+    outcomes = [run_sequence(ctx, seq, f"run-{n}").outcome for n in range(9)]
+    assert outcomes == ["failed"] * 8 + ["done"]  # eight failures, more than the budget of 5: never quarantined
+    assert store.state(seq).attempts_used == 1
