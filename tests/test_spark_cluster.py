@@ -17,6 +17,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from onceflow.jobs.sources.reader import open_source, source_watermark_ms
@@ -157,7 +158,8 @@ def test_ingest_window_publish_on_a_two_worker_cluster(
         engine = {"spark_remote": "", "spark_master": spark_cluster.master_url, "spark_conf": json.dumps(USER_CONF)}
     directory = tmp_path / "incoming"
     base, on_time, positions = workload(directory)
-    settings = {"events_source": "files", "events_dir": str(directory), **engine}
+    # Every record also to the record output `events_clean`, as Parquet files: its publication on the cluster too.
+    settings = {"events_source": "files", "events_dir": str(directory), "events_records": "files", **engine}
     dagster_home = tmp_path / "dagster"
     dagster_home.mkdir()
 
@@ -179,6 +181,9 @@ def test_ingest_window_publish_on_a_two_worker_cluster(
     raw = lake.table_path(pipeline.raw_table)
     assert read_rows(raw, RAW) == expected_raw(on_time)
     assert read_rows(raw, ["record_id", "source_position"]) == positions  # offsets exact across split files
+    published = sorted((home / "published" / "events_clean" / "epoch=0").glob("batch=*.parquet"))
+    assert published and sorted(i for p in published for i in pq.read_table(p).column("record_id").to_pylist()) == \
+        sorted(r[0] for r in read_rows(raw, ["record_id"]))  # each raw record once
     windows_path = lake.table_path(pipeline.outputs[0].table)
     assert read_rows(windows_path, WINDOW_ROWS) == expected_table(base, on_time, closed, range(3))
     for w, is_closed in zip(windows, closed, strict=True):
