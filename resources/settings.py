@@ -40,6 +40,7 @@ FAULT_POINTS = frozenset(
         "publish.before_stage",
         "sink.postgres.before_commit",
         "sink.kafka.before_commit",
+        "sink.bigquery.before_commit",
     }
 )
 SUPPORTED_HOMES = "ONCEFLOW_HOME must be a local path or gs://bucket[/prefix] (Google Cloud Storage)"
@@ -130,10 +131,11 @@ class Settings(BaseSettings):
     window_s: int = Field(default=60, ge=60)
     allowed_lateness_s: int = Field(default=30, ge=0)
     late_policy: Literal["drop", "refire"] = "drop"
-    events_records: Annotated[tuple[Literal["postgres", "kafka", "files"], ...], NoDecode] = Field(
+    events_records: Annotated[tuple[Literal["postgres", "kafka", "bigquery", "files"], ...], NoDecode] = Field(
         default=(), description="The built-in `events` pipeline's record output `events_clean` and its sinks, "
         "comma-separated: `postgres` (table `events_clean` at `ONCEFLOW_EVENTS_POSTGRES_DSN`), `kafka` (topic "
-        "`onceflow-events-clean` on `ONCEFLOW_KAFKA_BOOTSTRAP`), `files` (Parquet under `<home>/published`).",
+        "`onceflow-events-clean` on `ONCEFLOW_KAFKA_BOOTSTRAP`), `bigquery` (table `events_clean` in "
+        "`ONCEFLOW_BIGQUERY_DATASET`), `files` (Parquet under `<home>/published`).",
     )
     events_postgres_dsn: SecretStr | None = Field(default=None, description="The database of `events_clean`'s "
                                                   "`postgres` sink (a libpq connection string or URL).")

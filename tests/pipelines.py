@@ -157,3 +157,24 @@ def events_from_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, max_files
     monkeypatch.setenv("ONCEFLOW_EVENTS_DIR", str(directory))
     monkeypatch.setenv("ONCEFLOW_MAX_FILES", str(max_files))
     return directory
+
+
+def sensor_wants(home: Path, dagster_home: str | None = None, pipeline: Pipeline | None = None) -> str:
+    """Why `pipeline`'s (default: the one loaded pipeline's) micro-batch sensor asks for a run now (its skip
+    reason when it does not), evaluated against the instance at `dagster_home` (default: an ephemeral one)."""
+    import dagster as dg
+
+    from onceflow.orchestration.deployments import LAKE, PUBSUB
+    from onceflow.orchestration.sensors.micro_batch import build_micro_batch_sensor
+    from onceflow.resources.pubsub import PubSubResource
+
+    if pipeline is None:
+        (pipeline,) = load_pipelines(load_settings())
+    instance = dg.DagsterInstance.from_config(dagster_home) if dagster_home else dg.DagsterInstance.ephemeral()
+    with instance:
+        context = dg.build_sensor_context(instance=instance, resources={
+            LAKE: LakeResource(home=str(home)), PUBSUB: PubSubResource(project="unused")})
+        result = build_micro_batch_sensor(pipeline, idle_tick_s=0)(context)
+    if isinstance(result, dg.SkipReason):
+        return result.skip_message or ""
+    return result.run_requests[0].tags["onceflow/why"]

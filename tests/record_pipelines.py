@@ -1,6 +1,7 @@
 """A user's pipeline with a record output, loaded with `ONCEFLOW_PIPELINES=tests.record_pipelines`: DESIGN 6b's
 example on files, its sinks a real PostgreSQL (`ORDERS_DSN`, read through `dg.EnvVar`), a real Kafka broker
-(`KAFKA_BOOTSTRAP`, `ORDERS_TOPIC`) and Parquet files (`ORDERS_OUT`)."""
+(`KAFKA_BOOTSTRAP`, `ORDERS_TOPIC`), Parquet files (`ORDERS_OUT`) and the BigQuery emulator (the dataset
+`ORDERS_BQ_DATASET`, the endpoint `BIGQUERY_EMULATOR_HOST`)."""
 
 import os
 
@@ -8,7 +9,7 @@ import dagster as dg
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from onceflow import FileSink, FileSource, KafkaSink, Pipeline, PostgresSink, RecordOutput
+from onceflow import BigQuerySink, FileSink, FileSource, KafkaSink, Pipeline, PostgresSink, RecordOutput
 
 
 def with_total(records: DataFrame) -> DataFrame:
@@ -30,6 +31,7 @@ orders = Pipeline(
             KafkaSink(bootstrap_servers=os.environ.get("KAFKA_BOOTSTRAP", "127.0.0.1:9092"),
                       topic=os.environ.get("ORDERS_TOPIC", "orders-clean"), key="order_id"),
             FileSink(path=os.environ.get("ORDERS_OUT", "/data/out"), format="parquet"),
+            BigQuerySink(table="orders_clean", dataset=os.environ.get("ORDERS_BQ_DATASET", "orders")),
         ]),
     ],
 )

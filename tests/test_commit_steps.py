@@ -37,6 +37,7 @@ from onceflow.jobs.publish.sequence import (
 )
 from onceflow.jobs.publish.step import CommitContext, sha256_hex
 from onceflow.jobs.windows.panes import Window
+from onceflow.resources.bigquery_jobs import run_job
 from onceflow.resources.emulators.bigquery import BigQueryEmulator
 from onceflow.resources.faults import CRASH_EXIT_CODE
 from onceflow.resources.object_store import LocalStore
@@ -383,7 +384,7 @@ def test_a_bigquery_job_still_running_when_submitted_and_failing_later_is_a_fail
         return submitted[0]
 
     with pytest.raises(RuntimeError, match=rf"BigQuery merge job {load.job_id('merge', 0)} failed: .*boom"):
-        load._run_job(context(home, bigquery_emulator), bigquery_client, "merge", submit)
+        run_job(bigquery_client, target.project, "merge", lambda g: load.job_id("merge", g), submit, 600.0)
     assert submitted[0].state == "DONE"
 
 

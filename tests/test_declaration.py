@@ -89,13 +89,13 @@ def orders(**changes) -> Pipeline:
         ({"output": {"keys": 5}}, "keys: 5 is not a column name"),
         ({"schema": T.StructType()}, "schema: StructType([]) is not a record schema"),
         ({"schema": None}, "schema: NoneType is not a schema: give Spark DDL"),
-        ({"output": {"sinks": [BigQuerySink(table="a.b.c.d")]}}, "sinks[0].project: 'a.b' is not a Google Cloud project id"),
+        ({"output": {"sinks": [BigQuerySink(table="a.b.c.d")]}}, "sinks[0]: project 'a.b' is not a Google Cloud project id"),
         ({"output": {"late_policy": "keep"}}, "late_policy: 'keep' is not a late policy"),
         ({"output": {"keys": ["pane"]}}, "keys: 'pane' is a column onceflow adds itself"),
         ({"output": {"asset": "Region-Sales"}}, "asset: use lowercase letters"),
         ({"output": {"transform": "region_sales"}}, "transform: 'region_sales' is not a function"),
         ({"output": {"sinks": [FileSink(), FileSink()]}}, "more than one FileSink"),
-        ({"output": {"sinks": [BigQuerySink(table="bad-name")]}}, "sinks[0].table: 'bad-name' is not a BigQuery name"),
+        ({"output": {"sinks": [BigQuerySink(table="bad-name")]}}, "sinks[0]: table 'bad-name' is not a BigQuery name"),
         ({"source": PubSubSource(topic="t", subscription="orders-sub")}, "source.topic: 't' is not a Pub/Sub name"),
         ({"source": FileSource(directory="/in", timestamp_field="t s")}, "source.timestamp_field: 't s'"),
         ({"source": KafkaSource(bootstrap_servers="nohost", topic="orders")},
@@ -238,6 +238,7 @@ def test_open_knobs_come_from_settings_and_declared_ones_stay(monkeypatch: pytes
     monkeypatch.setenv("ONCEFLOW_WATERMARK_BAND_S", "3")
     monkeypatch.setenv("ONCEFLOW_BIGQUERY_DATASET", "sales")
     monkeypatch.setenv("ONCEFLOW_PIPELINES", "tests.user_pipelines")
+    monkeypatch.delenv("BIGQUERY_EMULATOR_HOST", raising=False)  # else it is the sinks' endpoint
     orders, clicks = load_pipelines(load_settings())
     assert orders.source.max_files == 100 and orders.watermark_band == "3s" and orders.watermark_idle == "2m"
     assert orders.outputs[0].sinks[1] == BigQuerySink(table="region_sales", dataset="sales", project=None)

@@ -152,6 +152,7 @@ def test_add_your_own_pipeline_runs_as_written(
     monkeypatch.syspath_prepend(str(tmp_path))
 
     # The bundled code location's way: ONCEFLOW_PIPELINES names the module, its PIPELINES list is loaded.
+    monkeypatch.delenv("BIGQUERY_EMULATOR_HOST", raising=False)  # else it is the sinks' endpoint
     settings = Settings(
         home=str(tmp_path / "home"), pipelines="my_project.pipelines", bigquery_dataset="sales"
     )

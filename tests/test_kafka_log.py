@@ -14,9 +14,12 @@ from confluent_kafka import KafkaException, Producer
 from pyspark.sql import SparkSession
 
 from onceflow.jobs.sources.checkpoint import BatchPlan
+from onceflow.orchestration.pipelines import resolve
 from onceflow.resources.emulators.kafka import KafkaBroker
+from onceflow.resources.settings import load_settings
 from tests.delta_reader import read_rows
-from tests.pipelines import dagster_micro_batch, drain, onceflow_cli
+from tests.kafka_pipelines import clicks_pipeline
+from tests.pipelines import dagster_micro_batch, drain, onceflow_cli, sensor_wants
 from tests.test_kafka_source import click, clicks_source, produce
 
 
@@ -64,13 +67,17 @@ def test_a_topic_recreated_under_its_name_stops_the_source_and_reset_reads_the_n
 
     recreate(kafka_broker, topic)
     records(producer, topic, "new", 100)  # its offsets start at 0 again, below where the old log ended
-    failed = dagster_micro_batch(str(home), None, pipeline="clicks")
+    # The sensor starts no run that would fail (each would hold the source, and make the reset wait): it says why.
+    stopped = sensor_wants(home, pipeline=resolve(clicks_pipeline(), load_settings()))
+    assert stopped.startswith("the source is stopped: Kafka topic") and "onceflow reset clicks" in stopped, stopped
+    failed = dagster_micro_batch(str(home), None, pipeline="clicks")  # a run started by hand fails, naming it
     assert failed.returncode != 0
     assert "KafkaLogChanged" in failed.stdout + failed.stderr and "onceflow reset clicks" in failed.stdout + failed.stderr
     assert len(users(home)) == 150  # nothing of the new log taken silently
 
     reset = onceflow_cli(["reset", "clicks"])
     assert reset.returncode == 0, reset.stdout + reset.stderr
+    assert sensor_wants(home, pipeline=resolve(clicks_pipeline(), load_settings())) == "new data"
     assert sum(r.inserted for r in drain(lambda: spark, clicks_source(home, max_records=100))) == 100
     raw = read_rows(str(home / "lake" / "raw" / "clicks"), ["record_id"])
     assert len(raw) == 250 == len({r[0] for r in raw})  # none of the new taken for a duplicate of the old
@@ -113,6 +120,7 @@ def test_a_reset_of_a_pipeline_starting_at_latest_skips_nothing_of_its_log(
     between = records(producer, topic, "between", 6)  # after the epoch's last batch, before the reset
     reset = onceflow_cli(["reset", "clicks"])
     assert reset.returncode == 0, reset.stdout + reset.stderr
+    assert sensor_wants(home, pipeline=resolve(clicks_pipeline(), load_settings())) == "new data"
     after = records(producer, topic, "after", 3)
     drain(lambda: spark, clicks_source(home, starting_offsets="latest"))
     assert sorted(r[0] for r in read_rows(source.raw_path, ["record_id"])) == sorted(kept + between + after)

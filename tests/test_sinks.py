@@ -99,8 +99,8 @@ def declare(*outputs: object) -> Pipeline:
 
 @pytest.mark.parametrize(("output", "error"), [
     (RecordOutput(asset="copy", sinks=[]), "outputs[0] ('copy').sinks: name at least one sink"),
-    (RecordOutput(asset="copy", sinks=[BigQuerySink(table="t", dataset="d")]),
-     "outputs[0] ('copy').sinks[0]: BigQuerySink is not a record sink"),
+    (RecordOutput(asset="copy", sinks=[BigQuerySink(table="bad-name", dataset="d")]),
+     "outputs[0] ('copy').sinks[0]: table 'bad-name' is not a BigQuery name"),
     (RecordOutput(asset="copy", sinks=[PostgresSink(dsn="postgresql://", table="t", mode="upsert")]),
      "sinks[0]: mode 'upsert' needs key=[...]"),
     (RecordOutput(asset="copy", sinks=[PostgresSink(dsn="x", table="Bad-Name")]), "table 'Bad-Name'"),

@@ -46,8 +46,6 @@ one of these names would be mistaken for it (its values lost or taken for oncefl
 WINDOW_BOOKKEEPING = ("window_start", "window_end", "raw_version", "pane", "timing")
 """Columns onceflow adds to a window table; a transform cannot output these names."""
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
-_BIGQUERY_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,1023}$")
-_BIGQUERY_PROJECT = re.compile(r"^(?:[a-z0-9.-]+:)?[a-z][a-z0-9-]{4,28}[a-z0-9]$")  # optionally domain-scoped
 
 Transform = Callable[[DataFrame], DataFrame]
 Delivery = Literal["exactly_once", "at_least_once"]
@@ -276,9 +274,5 @@ def _check_output(o: WindowedOutput, where: str, fail: Callable[[str, str], None
         if isinstance(sink, FileSink) and sink.format != "jsonl":
             fail(f"{where}.sinks[{index}].format", f"{sink.format!r}: window panes are published as 'jsonl'")
         if isinstance(sink, BigQuerySink):
-            for name in ("table", "dataset"):
-                value = getattr(sink, name)
-                if value is not None and (not isinstance(value, str) or not _BIGQUERY_NAME.match(value)):
-                    fail(f"{where}.sinks[{index}].{name}", f"{value!r} is not a BigQuery name")
-            if sink.project is not None and not _BIGQUERY_PROJECT.match(str(sink.project)):
-                fail(f"{where}.sinks[{index}].project", f"{sink.project!r} is not a Google Cloud project id")
+            for problem in sink.problems():
+                fail(f"{where}.sinks[{index}]", problem)

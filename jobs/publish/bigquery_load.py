@@ -6,8 +6,6 @@ from __future__ import annotations
 import io
 import json
 import re
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -15,6 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from onceflow.jobs.publish.commit_records import asset_key_part
 from onceflow.jobs.publish.sink_types import bigquery_field, parse_sink_type
 from onceflow.jobs.publish.step import CommitContext, CommitStep, sha256_hex
+from onceflow.resources.bigquery_jobs import create_table, drop_table, evolve_table, run_job, table_exists
 
 if TYPE_CHECKING:
     from google.cloud import bigquery
@@ -22,7 +21,6 @@ if TYPE_CHECKING:
 SUMMABLE_TYPES = frozenset({"INT64", "INTEGER", "NUMERIC", "BIGNUMERIC"})
 _COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,299}$")
 _PROJECT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.:-]{0,127}$")
-_MAX_GENERATIONS = 100
 
 
 @dataclass(frozen=True)
@@ -41,10 +39,9 @@ class BigQueryLoad(CommitStep):
        the window already, in which case nothing changes (a refired pane replaces, a stale one never does);
     4. drops the staging table.
 
-    Job ids are a pure function of (asset, window, pane, job, target table) plus a generation: a job id that
-    exists already (409 Conflict) means an earlier attempt or a concurrent runner submitted that job, whose
-    result is then waited for and used. Only when that job failed (a failed job changes nothing) or its result is
-    gone (the staging table was dropped) is the next generation's id used. Both jobs are idempotent in effect
+    Job ids are a pure function of (asset, window, pane, job, target table) plus a generation
+    (`onceflow.resources.bigquery_jobs.run_job`): a load whose result is gone (the staging table was dropped)
+    runs again under the next generation. Both jobs are idempotent in effect
     anyway: the load truncates, the MERGE replaces the window.
 
     `verify` is True when the table holds, for the window, only rows of this pane numbering `expected_rows` whose
@@ -131,7 +128,7 @@ class BigQueryLoad(CommitStep):
 
         payload = self._payload(ctx)
         with ctx.bigquery_client(self.project) as client:
-            _create_table(client, self.final_table, self._schema())
+            create_table(client, self.final_table, self._schema())
             evolve_table(client, self.final_table, self._schema())
             if payload:
                 config = bigquery.LoadJobConfig(
@@ -141,28 +138,24 @@ class BigQueryLoad(CommitStep):
                     create_disposition=bigquery.CreateDisposition.CREATE_IF_NEEDED,
                 )
 
-                self._run_job(
-                    ctx,
-                    client,
-                    "load",
+                run_job(
+                    client, self.project, "load", lambda g: self.job_id("load", g),
                     lambda job_id: client.load_table_from_file(
                         io.BytesIO(payload), self.staging_table, job_id=job_id, job_config=config,
                         project=self.project,
                     ),
+                    ctx.bigquery_timeout_s,
                     # Its result is the staging table, unless that is gone because a runner merged and
                     # dropped it already (then the MERGE job's id finds that runner's job).
-                    result_usable=lambda: _table_exists(client, self.staging_table) or self.verify(ctx),
+                    result_usable=lambda: table_exists(client, self.staging_table) or self.verify(ctx),
                 )
             else:
-                _create_table(client, self.staging_table, self._schema())
+                create_table(client, self.staging_table, self._schema())
             merge = self._merge_sql()
-            self._run_job(
-                ctx,
-                client,
-                "merge",
-                lambda job_id: client.query(merge, job_id=job_id, job_retry=None, project=self.project),
-            )
-            _drop_table(client, self.staging_table)
+            run_job(client, self.project, "merge", lambda g: self.job_id("merge", g),
+                    lambda job_id: client.query(merge, job_id=job_id, job_retry=None, project=self.project),
+                    ctx.bigquery_timeout_s)
+            drop_table(client, self.staging_table)
 
     def _payload(self, ctx: CommitContext) -> bytes:
         sink = ctx.sink(self.files_root)
@@ -193,108 +186,6 @@ class BigQueryLoad(CommitStep):
             f"WHEN NOT MATCHED BY SOURCE AND t.`window_start` = {window} AND t.`pane` <= {self.pane} THEN DELETE"
         )
 
-    def _run_job(
-        self,
-        ctx: CommitContext,
-        client: bigquery.Client,
-        job: str,
-        submit: Callable[[str], Any],
-        result_usable: Callable[[], bool] = lambda: True,
-    ) -> None:
-        from google.api_core.exceptions import GoogleAPICallError, NotFound
-
-        for generation in range(_MAX_GENERATIONS):
-            job_id = self.job_id(job, generation)
-            try:
-                submitted = submit(job_id)
-                found = None
-            except GoogleAPICallError as error:
-                # 409 from BigQuery; a racing duplicate may also get 400 from the emulator. Whatever the
-                # answer, if a job with this id exists it was submitted before, and its result is what counts.
-                try:
-                    found = client.get_job(job_id, project=self.project, location=client.location)
-                except NotFound:
-                    raise error from None
-                submitted = None
-            current = submitted or found
-            _wait(current, ctx.bigquery_timeout_s)
-            if current.error_result is None:
-                if submitted is not None or result_usable():
-                    return
-                continue  # an earlier attempt's result is gone: redo the job under the next generation
-            if submitted is not None:
-                raise RuntimeError(f"BigQuery {job} job {job_id} failed: {current.error_result}")
-            # An earlier attempt's job failed, changing nothing: its id is spent, the next generation runs.
-        raise RuntimeError(f"BigQuery {job} jobs of {self.describe()} failed {_MAX_GENERATIONS} times")
-
-
-def _create_table(client: bigquery.Client, table_id: str, schema: list[bigquery.SchemaField]) -> None:
-    from google.api_core.exceptions import GoogleAPICallError
-    from google.cloud import bigquery
-
-    try:
-        client.create_table(bigquery.Table(table_id, schema=schema), exists_ok=True)
-    except GoogleAPICallError as error:
-        # A concurrent creator can make this call fail otherwise than with 409 (the emulator answers 400 when
-        # two catalogue commits collide); what matters is that the table exists.
-        if not _table_exists(client, table_id):
-            raise error from None
-
-
-class BigQueryTypeChanged(RuntimeError):
-    """A BigQuery table holds a column under another type than the output now gives it."""
-
-
-def evolve_table(client: bigquery.Client, table_id: str, schema: list[bigquery.SchemaField]) -> None:
-    """Add to the table the columns of `schema` it lacks, NULLABLE (rows loaded before hold NULL there), as the
-    Delta tables evolve; a column it holds under another type is `BigQueryTypeChanged`, naming it and the way out."""
-    table = client.get_table(table_id)
-    held = {field.name.lower(): field for field in table.schema}
-    for field in schema:
-        found = held.get(field.name.lower())
-        if found is not None and _kind(found) != _kind(field):
-            raise BigQueryTypeChanged(
-                f"BigQuery table {table_id}: column {field.name!r} is {_kind(found)}, the output now gives "
-                f"{_kind(field)}; BigQuery cannot change it in place: publish the output to a new table (or "
-                "drop this one), or give the column its old type in the transform"
-            )
-    added = [field for field in schema if field.name.lower() not in held]
-    if added:
-        from google.cloud import bigquery
-
-        table.schema = [*table.schema, *(bigquery.SchemaField(f.name, f.field_type, mode="NULLABLE",
-                                                              fields=f.fields) for f in added)]
-        client.update_table(table, ["schema"])
-
-
-_STANDARD = {"INTEGER": "INT64", "FLOAT": "FLOAT64", "BOOLEAN": "BOOL", "RECORD": "STRUCT"}
-
-
-def _kind(field: bigquery.SchemaField) -> str:
-    """A field's type by its standard SQL name (the API answers with legacy ones), and its mode if repeated."""
-    kind = _STANDARD.get(field.field_type, field.field_type)
-    return f"ARRAY<{kind}>" if field.mode == "REPEATED" else kind
-
-
-def _drop_table(client: bigquery.Client, table_id: str) -> None:
-    from google.api_core.exceptions import GoogleAPICallError
-
-    try:
-        client.delete_table(table_id, not_found_ok=True)
-    except GoogleAPICallError as error:
-        if _table_exists(client, table_id):  # as in `_create_table`: a concurrent runner may have dropped it
-            raise error from None
-
-
-def _table_exists(client: bigquery.Client, table_id: str) -> bool:
-    from google.api_core.exceptions import NotFound
-
-    try:
-        client.get_table(table_id)
-    except NotFound:
-        return False
-    return True
-
 
 def _same_sum(found: Any, want: str | None) -> bool:
     # SUM over only NULLs is NULL in BigQuery, and so is the expected sum then.
@@ -302,23 +193,3 @@ def _same_sum(found: Any, want: str | None) -> bool:
         return found is None and want is None
     return Decimal(str(found)) == Decimal(want)
 
-
-def _wait(job: Any, timeout_s: float) -> None:
-    """Wait until `job` is DONE, however it ended: a failed job is an answer here (its `error_result` says how),
-    not an exception."""
-    from google.api_core.exceptions import GoogleAPICallError
-
-    deadline = time.monotonic() + timeout_s
-    try:
-        job.result(timeout=timeout_s)
-    except GoogleAPICallError:
-        # The error may come from the results call (jobs.getQueryResults) of a query that failed, before the
-        # job's own status was read: its `error_result` is only an answer once jobs.get says DONE.
-        while job.state != "DONE" and time.monotonic() < deadline:
-            job.reload()
-            if job.state != "DONE":
-                time.sleep(0.1)
-    except TimeoutError:
-        pass
-    if job.state != "DONE":
-        raise TimeoutError(f"BigQuery job {job.job_id} not done after {timeout_s:.0f}s (state {job.state})")

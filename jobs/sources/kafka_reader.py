@@ -83,10 +83,12 @@ class KafkaReader:
         return offsets, lost, position.log
 
     def has_data(self, checkpoint: SourceCheckpoint) -> bool:
+        """Whether a batch would take records; `KafkaLogChanged` when the topic is not the log the source read
+        (the source is stopped until `onceflow reset`: the sensor says so rather than start runs that fail)."""
         try:
             position = self.positions.next(checkpoint)
-        except (KafkaLogChanged, KafkaLogTruncated):
-            return True  # a run says what changed, loudly
+        except KafkaLogTruncated:
+            return True  # a run asks again, then says what changed, loudly
         return position.first or any(position.stable[p] > start for p, start in position.starts.items())
 
     def next_plan(

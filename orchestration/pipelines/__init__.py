@@ -11,8 +11,9 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from collections.abc import Sequence
+from typing import Any
 
-from onceflow.jobs.declare.declaration import BigQuerySink, DeclarationError, Pipeline, WindowedOutput
+from onceflow.jobs.declare.declaration import BigQuerySink, DeclarationError, Pipeline
 from onceflow.jobs.declare.durations import render_duration
 from onceflow.jobs.declare.sources import FileSource, KafkaSource, PubSubSource
 from onceflow.orchestration.pipelines.events import events_pipeline
@@ -87,21 +88,8 @@ def resolve(pipeline: Pipeline, settings: Settings) -> Pipeline:
         source = dataclasses.replace(source, max_records=source.max_records or settings.max_messages)
     outputs = []
     for index, output in enumerate(pipeline.outputs):
-        if not isinstance(output, WindowedOutput):
-            outputs.append(output)
-            continue
-        sinks = []
-        for position, sink in enumerate(output.sinks):
-            if isinstance(sink, BigQuerySink):
-                sink = dataclasses.replace(
-                    sink, dataset=sink.dataset or settings.bigquery_dataset, project=sink.project or settings.bigquery_project
-                )
-                if sink.dataset is None:
-                    raise DeclarationError(
-                        f"pipeline {pipeline.name!r}: outputs[{index}].sinks[{position}]: BigQuerySink(table="
-                        f"{sink.table!r}) has no dataset: declare dataset=... or set ONCEFLOW_BIGQUERY_DATASET"
-                    )
-            sinks.append(sink)
+        sinks = [_resolve_sink(sink, settings, f"pipeline {pipeline.name!r}: outputs[{index}].sinks[{position}]")
+                 for position, sink in enumerate(output.sinks)]
         outputs.append(dataclasses.replace(output, sinks=sinks))
     return dataclasses.replace(
         pipeline,
@@ -110,3 +98,17 @@ def resolve(pipeline: Pipeline, settings: Settings) -> Pipeline:
         watermark_band=pipeline.watermark_band or render_duration(settings.watermark_band_s),
         watermark_idle=pipeline.watermark_idle or render_duration(settings.watermark_idle_s),
     )
+
+
+def _resolve_sink(sink: Any, settings: Settings, where: str) -> Any:
+    """A `BigQuerySink` with its dataset, project and (under the local deployment) emulator endpoint filled."""
+    if not isinstance(sink, BigQuerySink):
+        return sink
+    sink = dataclasses.replace(
+        sink, dataset=sink.dataset or settings.bigquery_dataset, project=sink.project or settings.bigquery_project,
+        api_endpoint=sink.api_endpoint or settings.bigquery_emulator_host,
+    )
+    if sink.dataset is None:
+        raise DeclarationError(f"{where}: BigQuerySink(table={sink.table!r}) has no dataset: declare dataset=... "
+                               "or set ONCEFLOW_BIGQUERY_DATASET")
+    return sink

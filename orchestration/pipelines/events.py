@@ -84,6 +84,10 @@ def record_sinks(settings: Settings) -> list[Sink]:
         elif name == "kafka":
             sinks.append(KafkaSink(bootstrap_servers=settings.kafka_bootstrap, topic="onceflow-events-clean",
                                    key="key"))
+        elif name == "bigquery":
+            if settings.bigquery_dataset is None:
+                raise SettingsError("ONCEFLOW_EVENTS_RECORDS names bigquery: set ONCEFLOW_BIGQUERY_DATASET")
+            sinks.append(BigQuerySink(table="events_clean"))
         else:
             sinks.append(FileSink(path=f"{settings.home_path}/published", format="parquet"))
     return sinks

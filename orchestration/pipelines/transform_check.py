@@ -113,3 +113,19 @@ def check_record_columns(pipeline: Pipeline, output: RecordOutput, columns: T.St
             if key is not None and key not in names:
                 fail(f"sinks[{index}] ({sink.name}): key {key!r} is not a column of the transform's output "
                      f"({', '.join(names) or 'none'})")
+        if isinstance(sink, BigQuerySink):
+            for f in columns:
+                if (problem := _bigquery_problem(f.dataType)) is not None:
+                    fail(f"sinks[{index}] ({sink.name}): output column {f.name!r}: {problem} (convert it in the "
+                         "transform, a map with to_json)")
+
+
+def _bigquery_problem(data_type: T.DataType, in_array: bool = False) -> str | None:
+    """Why BigQuery cannot hold a record output's column of this type as it is, or None."""
+    if isinstance(data_type, T.MapType):
+        return "BigQuery has no MAP type"
+    if isinstance(data_type, T.ArrayType):
+        return "BigQuery arrays cannot hold arrays" if in_array else _bigquery_problem(data_type.elementType, True)
+    if isinstance(data_type, T.StructType):
+        return next((p for f in data_type if (p := _bigquery_problem(f.dataType)) is not None), None)
+    return None

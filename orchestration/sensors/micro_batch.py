@@ -30,6 +30,7 @@ from onceflow.jobs.record_publisher import records_behind
 from onceflow.jobs.run_relay import RELAY_LEAD_S, RELAY_TAG, due_for_relay
 from onceflow.jobs.run_worker import START_TIMEOUT_S
 from onceflow.jobs.sources.checkpoint import SourceCheckpoint
+from onceflow.jobs.sources.kafka_log import KafkaLogChanged
 from onceflow.jobs.sources.reader import open_source, source_watermark_ms
 from onceflow.jobs.windows.panes import Window
 from onceflow.orchestration.sensors.runs import in_flight, retry_pending, runs_tagged
@@ -110,6 +111,9 @@ def build_micro_batch_sensor(
             has_data = source.reader.has_data(checkpoint)
         except NotFound as missing:  # the operator has not created the subscription yet: say so, keep ticking
             return dg.SkipReason(f"{pipeline.source_id}: {missing.message}")
+        except KafkaLogChanged as changed:
+            # Every run would fail on it, and a run in flight makes `onceflow reset` wait: stop asking for runs.
+            return dg.SkipReason(f"the source is stopped: {changed}")
         if has_data:
             why = "new data"
         elif lake_ahead(source, checkpoint.committed_batch):

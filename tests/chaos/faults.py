@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import dagster as dg
 
+from onceflow.jobs.declare.bigquery_sink import BigQuerySink
 from onceflow.jobs.declare.declaration import Pipeline
 from onceflow.jobs.declare.kafka_sink import KafkaSink
 from onceflow.jobs.declare.postgres_sink import PostgresSink
@@ -103,7 +104,8 @@ class FaultInjector(OperatorFaults, Worker):
     def sink_crash(self) -> bool:
         """A micro-batch of a pipeline with a record output killed inside a sink's commit (its rows written, the
         transaction not committed); True once a process really died there."""
-        sinks = {"sink.postgres.before_commit": PostgresSink, "sink.kafka.before_commit": KafkaSink}
+        sinks = {"sink.postgres.before_commit": PostgresSink, "sink.kafka.before_commit": KafkaSink,
+                 "sink.bigquery.before_commit": BigQuerySink}
         choices = [(point, p) for p in self.pipelines for point, kind in sinks.items()
                    if any(isinstance(s, kind) for o in p.record_outputs for s in o.sinks)]
         if not choices:
