@@ -40,6 +40,7 @@ from bench.kafka import PARTITIONS, TOPIC, clean_topic, sizes
 from onceflow.jobs.declare.declaration import Pipeline
 from onceflow.jobs.declare.postgres_sink import PostgresSink
 from onceflow.jobs.declare.record_output import RecordOutput
+from onceflow.jobs.declare.sink import Sink
 from onceflow.jobs.declare.sources import KafkaSource
 from onceflow.jobs.ingest.micro_batch import run_micro_batch
 from onceflow.jobs.publish.commit_store import CommitStore
@@ -63,10 +64,10 @@ def jdbc_jar() -> str:
     return str(ensure_artifact(JDBC_DRIVER, jar_cache_dir()))
 
 
-def _onceflow(spark: SparkSession, broker: KafkaBroker, server: PostgresServer, home: Path, batch: int,
-              table: str) -> tuple[float, list[float]]:
-    """onceflow's drain: its seconds, and each batch's raw commit -> sink latency."""
-    sink = PostgresSink(dsn=server.dsn, table=table)
+def onceflow_drain(spark: SparkSession, broker: KafkaBroker, home: Path, batch: int, table: str,
+                   sink: Sink) -> tuple[float, list[float]]:
+    """onceflow's drain of the topic into `sink` (record output `table`): its seconds, and each batch's raw commit
+    -> sink latency (the sink's commit done)."""
     output = RecordOutput(asset=table, sinks=[sink])
     source = KafkaSource(bootstrap_servers=broker.bootstrap, topic=TOPIC, id_header="event_id",
                          timestamp_field=CLEAN.time_field, max_records=batch)
@@ -165,7 +166,8 @@ def kafka_postgres(spark: SparkSession, args: argparse.Namespace) -> dict[str, A
                 for contender in order:
                     home, table = Path(tmp) / f"{contender}-{round_no}", f"{contender}_{round_no}"
                     if contender == "exactly_once":
-                        seconds, batch_latencies = _onceflow(spark, broker, server, home, batch, table)
+                        seconds, batch_latencies = onceflow_drain(spark, broker, home, batch, table,
+                                                                 PostgresSink(dsn=server.dsn, table=table))
                         expected, id_column = (events, events), "record_id"
                     else:
                         seconds, batch_latencies = _peer(spark, broker, server, home, batch, table), []

@@ -225,7 +225,7 @@ def fmt(value: float | None, unit: str = "") -> str:
 
 
 def extras(result: dict[str, Any]) -> list[str]:
-    """Printed lines for `table_growth`, `redelivery`, `latency`, `landing`, `kafka`, `kafka_postgres` and
+    """Printed lines for `table_growth`, `redelivery`, `latency`, `landing`, `kafka`, `kafka_postgres`, `sink_latency` and
     `profiles`, when they ran."""
     lines = []
     growth, latency, landing = result.get("table_growth"), result.get("latency"), result.get("landing")
@@ -286,6 +286,11 @@ def extras(result: dict[str, Any]) -> list[str]:
                      f"after a replayed batch: exactly_once {dups['exactly_once']}, foreach_batch_jdbc "
                      f"{dups['foreach_batch_jdbc']}; raw commit -> PostgreSQL p50 {latency['p50']:.2f} s, p90 "
                      f"{latency['p90']:.2f} s over {latency['batches']} batches{_memory(published)}")
+    delivered = result.get("sink_latency")
+    if delivered:
+        lines.append("raw commit -> sink (batches of " + f"{delivered['config']['batch']:,}): " + ", ".join(
+            f"{name} p50 {s['p50']:.2f} s p90 {s['p90']:.2f} s" for name, s in delivered["raw_commit_to_sink_s"].items())
+            + _memory(delivered))
     deployed = result.get("profiles")
     if deployed:
         local, cluster = (deployed["profiles"][name]["records_per_s"] for name in ("local", "cluster-gcs"))

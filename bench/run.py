@@ -26,7 +26,8 @@ Then `table_growth` (`--growth-*`), `loaded_growth` (the same sizes, tables fill
 `bench/redelivery.py` (the exact lookup of redelivered old records as the table grows), `bench/latency.py`,
 `bench/landing.py` (`--only landing` runs the Pub/Sub landing figure alone), `bench/kafka.py` (Kafka -> raw against
 Structured Streaming's Kafka source), `kafka_postgres` (`bench/kafka_postgres.py`: Kafka -> PostgreSQL through a
-record output, against `foreachBatch` JDBC appends), `bench/profiles.py` (exactly-once on the `cluster-gcs` profile against
+record output, against `foreachBatch` JDBC appends), `sink_latency` (`bench/sink_latency.py`: raw commit -> each
+record sink), `bench/profiles.py` (exactly-once on the `cluster-gcs` profile against
 `local`, each in its own process).
 With `--engine connect` the contenders are clients of a Spark Connect server on `local[2]` instead (what `make dev`
 and the demo run on), and the other benchmarks do not run.
@@ -79,6 +80,7 @@ from bench.redelivery import ROUNDS as REDELIVERY_ROUNDS
 from bench.redelivery import SIZES as REDELIVERY_SIZES
 from bench.redelivery import redelivery
 from bench.same_rows import Judge
+from bench.sink_latency import LATENCY_BATCH, sink_latency
 from bench.table_growth import BATCH_RECORDS, BATCHES, SIZES, parse_sizes, table_growth
 from onceflow.jobs.dedup.filter_store import IdFilterStore
 from onceflow.jobs.ingest.micro_batch import run_micro_batch
@@ -92,7 +94,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 ONCEFLOW = ingest_throughput.CONTENDERS  # exactly_once, at_least_once, exactly_once_dagster
 MODES = ingest_throughput.MODES  # exactly_once, at_least_once: the two delivery modes, run the same way
 CONTENDERS = (*ONCEFLOW, *peer.CONTENDERS)
-EXTRAS = ("table_growth", "loaded_growth", "redelivery", "latency", "landing", "kafka", "kafka_postgres", "profiles")
+EXTRAS = ("table_growth", "loaded_growth", "redelivery", "latency", "landing", "kafka", "kafka_postgres", "sink_latency",
+          "profiles")
 ALIASES = {"ingest_throughput": ONCEFLOW}
 DATASETS = {d.name: d for d in (CLEAN, REALISTIC, FLIGHTS)}
 
@@ -310,7 +313,7 @@ def spark_benchmarks(
     """The benchmarks that need Spark, on one session (none is started when none of them is asked for): its
     settings, the data sets' runs, and `table_growth`, `latency` and `kafka` by name (None when not asked for)."""
     extra = {"table_growth": table_growth, "loaded_growth": loaded_growth, "latency": latency, "kafka": kafka,
-             "kafka_postgres": kafka_postgres}
+             "kafka_postgres": kafka_postgres, "sink_latency": sink_latency}
     if not contenders and not extras & set(extra):
         return {}, [], dict.fromkeys(extra)
     conf = {"spark.sql.warehouse.dir": "", "spark.driver.memory": "2g"}
@@ -406,6 +409,8 @@ def main(argv: list[str] | None = None) -> int:
                              help="timed rounds per contender (default: %(default)s)")
     kafka_group.add_argument("--kafka-batch", type=int, default=KAFKA_BATCH,
                              help="records per batch of every contender (default: %(default)s)")
+    kafka_group.add_argument("--sink-latency-batch", type=int, default=LATENCY_BATCH,
+                             help="records per batch of sink_latency's drains (default: %(default)s)")
     profile_group = parser.add_argument_group("profiles")
     profile_group.add_argument("--profile-events", type=int, default=PROFILE_EVENTS,
                                help="distinct events of the clean data set each profile drains (default: %(default)s)")
@@ -425,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     result["loaded_growth"] = extra["loaded_growth"]
     result["kafka"] = extra["kafka"]
     result["kafka_postgres"] = extra["kafka_postgres"]
+    result["sink_latency"] = extra["sink_latency"]
     result["profiles"] = with_memory(profiles, args) if "profiles" in extras else None
     result["machine"] = {**machine(), "load_avg_before": load_before, "load_avg_after": os.getloadavg()}
     result["commit"] = source_commit()

@@ -38,7 +38,7 @@ class SourceReader(Protocol):
 
     def has_data(self, checkpoint: SourceCheckpoint) -> bool:
         """Whether new data waits, including a batch planned and not yet committed (a scheduling hint; it changes
-        nothing)."""
+        nothing). Raises the error that stops the source, when one does (`KafkaLogChanged`)."""
         ...
 
     reads_ahead: bool
