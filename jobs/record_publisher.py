@@ -18,6 +18,7 @@ from pyspark.sql import SparkSession
 from onceflow.jobs.declare.declaration import Pipeline
 from onceflow.jobs.declare.record_output import RecordOutput, close_sinks
 from onceflow.jobs.delta.commit_log import committed_batch
+from onceflow.jobs.publish.commit_records import PENDING, unavailable_wait_s
 from onceflow.jobs.publish.commit_store import CommitStore
 from onceflow.jobs.publish.record_sequence import (
     RawBatches,
@@ -74,6 +75,7 @@ class RecordPublisher:
         self.staging = lake.staging_root()
         self.raw = RawBatches(source.pipeline, source.raw_path, source.app_id, source.epoch)
         self.run_id, self.root_run_id = run
+        self._deferred: dict[str, list[tuple[str, int, int]]] = {}  # by output: staged, not yet tried, in order
         for output in self.outputs:
             start_output(self.ctx.store, output, self.raw, source.checkpoints.first_batch)
 
@@ -87,14 +89,33 @@ class RecordPublisher:
 
     def publish(self, get_spark: Callable[[], SparkSession], batch: int, version: int | None = None) -> list[Publication]:
         """Stage and drive every record output's batches through `batch` (committed as table version `version`,
-        when known)."""
+        when known).
+
+        Once a publication finds a sink unreachable, the output's later batches are staged (written ahead) but not
+        tried until that one's wait (`unavailable_wait_s`) is over: each try of a silent sink costs its client's
+        timeout, which the next batch would otherwise wait for. They are tried in order when it is, by this run or
+        by the commit sensor's finalize runs, whichever comes first.
+        """
         done = []
         for output in self.outputs:
-            for seq, number, rows in stage_through(get_spark(), self.ctx.store, self.staging, output, self.raw,
-                                                   batch, version):
+            queue = self._deferred.pop(output.asset, [])
+            queue += stage_through(get_spark(), self.ctx.store, self.staging, output, self.raw, batch, version)
+            while queue:
+                seq, number, rows = queue[0]
+                state = self.ctx.store.state(seq)
+                if state.status != PENDING:  # a finalize run finished it (or it is quarantined): not this run's
+                    queue.pop(0)
+                    continue
+                if unavailable_wait_s(state) > 0:
+                    break  # the sink was unreachable moments ago: not again yet
                 began = time.monotonic()
                 outcome = run_sequence(self.ctx, seq, self.run_id, self.root_run_id)
                 done.append(Publication(output, seq, number, rows, outcome, (time.monotonic() - began) * 1000))
+                if outcome.outcome == "failed" and self.ctx.store.state(seq).unavailable_streak:
+                    break  # the batches after it wait for the sink too
+                queue.pop(0)
+            if queue:
+                self._deferred[output.asset] = queue
         return done
 
     def close(self) -> None:

@@ -14,11 +14,10 @@ import pyarrow as pa
 import pytest
 
 from onceflow import PostgresSink, RecordOutput
-from onceflow.jobs.publish.commit_records import DONE, PENDING
+from onceflow.jobs.publish.commit_records import DONE, PENDING, UNAVAILABLE_MAX_WAIT_S, unavailable_wait_s
 from onceflow.jobs.publish.commit_store import CommitStore
 from onceflow.jobs.publish.sequence import run_sequence
 from onceflow.jobs.publish.step import CommitContext
-from onceflow.orchestration.sensors.commit import UNAVAILABLE_MAX_WAIT_S, unavailable_wait_s
 from onceflow.resources.emulators.postgres import PostgresServer
 from onceflow.resources.emulators.pubsub import free_port
 from onceflow.resources.object_store import open_store

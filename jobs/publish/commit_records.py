@@ -218,3 +218,19 @@ class PublishedMark(Stored):
 
     through_ms: int
     at_ms: int
+
+
+UNAVAILABLE_FIRST_WAIT_S = 10.0
+UNAVAILABLE_MAX_WAIT_S = 120.0
+
+
+def unavailable_wait_s(state: SequenceState, now_ms: int | None = None) -> float:
+    """How long the next attempt waits, after attempts in a row that found a sink unreachable: doubling from
+    `UNAVAILABLE_FIRST_WAIT_S` to `UNAVAILABLE_MAX_WAIT_S` (those attempts use no budget; this keeps an outage of
+    minutes from becoming a run every tick)."""
+    streak = state.unavailable_streak
+    if not streak:
+        return 0.0
+    last_ms = max(a.finished_at_ms or 0 for a in state.attempts)
+    wait_s = min(UNAVAILABLE_MAX_WAIT_S, UNAVAILABLE_FIRST_WAIT_S * 2 ** (streak - 1))
+    return max(0.0, wait_s - ((now_ms if now_ms is not None else int(time.time() * 1000)) - last_ms) / 1000)

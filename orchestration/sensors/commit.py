@@ -16,13 +16,12 @@ The sensor's cursor holds the quarantined sequences per asset, so the check is r
 """
 
 import json
-import time
 
 import dagster as dg
 
 from onceflow.assets.commits_check import quarantine_evaluation, quarantined_of
 from onceflow.jobs.finalize_job import FINALIZE_JOB, SEQUENCE_TAG, finalize_run_config
-from onceflow.jobs.publish.commit_records import PENDING, SequenceState
+from onceflow.jobs.publish.commit_records import PENDING, SequenceState, unavailable_wait_s
 from onceflow.jobs.publish.commit_store import CommitStore
 from onceflow.jobs.publish.sequence import sequence_asset
 from onceflow.jobs.run_worker import START_TIMEOUT_S
@@ -63,22 +62,6 @@ def _record_dead_runs(
     for run_id, (root, how) in dead.items():
         if run_id not in reported:
             store.record_dead_run(state.sequence_id, run_id, root, f"run {run_id} ended ({how}) without finishing")
-
-
-UNAVAILABLE_FIRST_WAIT_S = 10.0
-UNAVAILABLE_MAX_WAIT_S = 120.0
-
-
-def unavailable_wait_s(state: SequenceState, now_ms: int | None = None) -> float:
-    """How long the next attempt waits, after attempts in a row that found a sink unreachable: doubling from
-    `UNAVAILABLE_FIRST_WAIT_S` to `UNAVAILABLE_MAX_WAIT_S` (those attempts use no budget; this keeps an outage of
-    minutes from becoming a run every tick)."""
-    streak = state.unavailable_streak
-    if not streak:
-        return 0.0
-    last_ms = max(a.finished_at_ms or 0 for a in state.attempts)
-    wait_s = min(UNAVAILABLE_MAX_WAIT_S, UNAVAILABLE_FIRST_WAIT_S * 2 ** (streak - 1))
-    return max(0.0, wait_s - ((now_ms if now_ms is not None else int(time.time() * 1000)) - last_ms) / 1000)
 
 
 def plan_sequence(
