@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dagster as dg
 
+from onceflow.jobs.declare.bigquery_sink import BigQuerySink
 from onceflow.jobs.declare.declaration import Pipeline
 from onceflow.jobs.declare.file_sink import FileSink
 from onceflow.jobs.declare.kafka_sink import KafkaSink
@@ -45,6 +46,8 @@ def _kinds(sink: object) -> tuple[str, ...]:
         return ("kafka",)
     if isinstance(sink, FileSink):
         return (sink.format,)
+    if isinstance(sink, BigQuerySink):
+        return ("bigquery",)
     return ()
 
 
